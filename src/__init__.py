@@ -1,0 +1,1 @@
+"""English→Chinese NMT pipeline: download → split → tokenize → train → evaluate → export."""

@@ -1,0 +1,55 @@
+"""Checkpoints: atomic save, clear errors on corrupt files, and weight averaging.
+
+A checkpoint is a dict with `model` (state_dict), `config` (Transformer kwargs) and, for
+training checkpoints, optimizer/scheduler state, step, epoch and RNG states.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from src.atomic import atomic_path
+from src.errors import PipelineError
+from src.model import Transformer
+
+
+def save(obj: dict, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def load(path: Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises many types for truncated/garbled files
+        raise PipelineError(f"corrupt checkpoint {path}: {type(exc).__name__}") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        raise PipelineError(f"corrupt checkpoint {path}: missing model weights or config")
+    return ckpt
+
+
+def load_model(path: Path) -> tuple[Transformer, dict]:
+    ckpt = load(path)
+    model = Transformer(**ckpt["config"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as exc:
+        raise PipelineError(f"checkpoint {path} does not match its config: "
+                            f"{str(exc).splitlines()[0]}") from None
+    return model.eval(), ckpt
+
+
+def average_state_dicts(states: list[dict]) -> dict:
+    """Element-wise mean of several state_dicts (checkpoint averaging, Vaswani et al. §6.1)."""
+    avg = {}
+    for key, value in states[0].items():
+        if value.is_floating_point():
+            avg[key] = sum(s[key].float() for s in states) / len(states)
+        else:
+            avg[key] = value
+    return avg

@@ -1,0 +1,253 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), encoder–decoder.
+
+Scaled embeddings + sinusoidal positions, multi-head attention through
+`F.scaled_dot_product_attention`, padding masks on both sides, causal decoder self-attention,
+position-wise FFN, residual + LayerNorm (pre-LN by default, post-LN as in the paper),
+dropout, and tied target embedding / output projection.
+
+Incremental decoding: `encode` runs the encoder once, `cross_kv` projects its output into the
+per-layer cross-attention keys/values once, and `decode_step` advances one token with a
+self-attention key/value cache. The ONNX export mirrors these three methods one-to-one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from src.vocab import PAD
+
+KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same) (paper §3.5)."""
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
+                         * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(position * inv_freq)
+    pe[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    return pe
+
+
+def causal_mask(length: int, device=None) -> Tensor:
+    """(T, T) bool, True where query t may attend to key s (s <= t)."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def padding_mask(ids: Tensor) -> Tensor:
+    """(B, T) token ids -> (B, 1, 1, T) bool, True on real tokens (broadcasts over heads/queries)."""
+    return (ids != PAD)[:, None, None, :]
+
+
+class Embeddings(nn.Module):
+    """Token embedding * sqrt(d_model) + sinusoidal position, then dropout."""
+
+    def __init__(self, vocab_size: int, d_model: int, max_positions: int, dropout: float):
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
+        nn.init.normal_(self.token.weight, std=d_model**-0.5)  # so scaled embeddings have unit std
+        self.scale = math.sqrt(d_model)
+        self.register_buffer("pe", sinusoidal_positions(max_positions, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+        length = ids.shape[1]
+        return self.dropout(self.token(ids) * self.scale + self.pe[offset: offset + length])
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+
+    def project_kv(self, x: Tensor) -> KV:
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def attend(self, x: Tensor, kv: KV, mask: Tensor | None) -> Tensor:
+        """Queries from x (B, Tq, D) over keys/values (B, H, Tk, d_head); mask True = attend."""
+        q = self.split_heads(self.q_proj(x))
+        k, v = kv
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, Tq, D)
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
+        return self.attend(x, self.project_kv(memory), mask)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper eq. 2)."""
+
+    def __init__(self, d_model: int, ffn_dim: int, dropout: float):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(ffn_dim, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class Residual(nn.Module):
+    """x + Dropout(f(LN(x))) when pre-LN; LN(x + Dropout(f(x))) when post-LN (the paper's)."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, ffn_dim, dropout, pre_norm):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.res_attn = Residual(d_model, dropout, pre_norm)
+        self.res_ffn = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask))
+        return self.res_ffn(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, ffn_dim, dropout, pre_norm):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.res_self = Residual(d_model, dropout, pre_norm)
+        self.res_cross = Residual(d_model, dropout, pre_norm)
+        self.res_ffn = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
+        y = self.res_self(y, lambda h: self.self_attn(h, h, tgt_mask))
+        y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask))
+        return self.res_ffn(y, self.ffn)
+
+    def step(self, y: Tensor, past: KV, cross: KV, src_mask: Tensor) -> tuple[Tensor, KV]:
+        """One new position y (B, 1, D): self-attend over cache + itself, no mask needed."""
+        new: KV = (past[0], past[1])
+
+        def self_block(h: Tensor) -> Tensor:
+            nonlocal new
+            k, v = self.self_attn.project_kv(h)
+            new = (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2))
+            return self.self_attn.attend(h, new, None)
+
+        y = self.res_self(y, self_block)
+        y = self.res_cross(y, lambda h: self.cross_attn.attend(h, cross, src_mask))
+        return self.res_ffn(y, self.ffn), new
+
+
+class Transformer(nn.Module):
+    def __init__(self, src_vocab: int, tgt_vocab: int, d_model: int = 256, n_heads: int = 4,
+                 n_layers: int = 3, ffn_dim: int = 1024, dropout: float = 0.1,
+                 pre_norm: bool = True, max_positions: int = 256, tie_embeddings: bool = True,
+                 share_source_embedding: bool = False):
+        super().__init__()
+        self.config = dict(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model,
+                           n_heads=n_heads, n_layers=n_layers, ffn_dim=ffn_dim, dropout=dropout,
+                           pre_norm=pre_norm, max_positions=max_positions,
+                           tie_embeddings=tie_embeddings,
+                           share_source_embedding=share_source_embedding)
+        layer_args = (d_model, n_heads, ffn_dim, dropout, pre_norm)
+        self.src_embed = Embeddings(src_vocab, d_model, max_positions, dropout)
+        self.tgt_embed = Embeddings(tgt_vocab, d_model, max_positions, dropout)
+        if share_source_embedding:  # one vocabulary for both sides: one embedding matrix
+            self.src_embed.token.weight = self.tgt_embed.token.weight
+        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(n_layers))
+        # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
+        self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.generator = nn.Linear(d_model, tgt_vocab, bias=False)
+        if tie_embeddings:  # paper §3.4: output projection shares the target embedding
+            self.generator.weight = self.tgt_embed.token.weight
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name and "generator" not in name:
+                nn.init.xavier_uniform_(p)
+
+    @property
+    def max_positions(self) -> int:
+        return self.config["max_positions"]
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) ids -> memory (B, S, D) and its padding mask (B, 1, 1, S)."""
+        src_mask = padding_mask(src)
+        x = self.src_embed(src)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.enc_norm(x), src_mask
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher forcing: tgt_in (B, T) -> hidden states (B, T, D)."""
+        t = tgt_in.shape[1]
+        tgt_mask = padding_mask(tgt_in) & causal_mask(t, tgt_in.device)  # (B, 1, T, T)
+        y = self.tgt_embed(tgt_in)
+        for layer in self.decoder:
+            y = layer(y, memory, src_mask, tgt_mask)
+        return self.dec_norm(y)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Logits (B, T, V) for every target position."""
+        memory, src_mask = self.encode(src)
+        return self.generator(self.decode(tgt_in, memory, src_mask))
+
+    def cross_kv(self, memory: Tensor) -> list[KV]:
+        """Per decoder layer, the cross-attention keys/values of the encoder output (computed once)."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+
+    def empty_cache(self, batch: int, device=None, dtype=torch.float32) -> list[KV]:
+        shape = (batch, self.n_heads, 0, self.d_head)
+        return [(torch.zeros(shape, device=device, dtype=dtype),
+                 torch.zeros(shape, device=device, dtype=dtype)) for _ in self.decoder]
+
+    def decode_step(self, tokens: Tensor, cache: list[KV], cross: list[KV],
+                    src_mask: Tensor) -> tuple[Tensor, list[KV]]:
+        """tokens (B, 1) at position len(cache) -> next-token logits (B, V) and the grown cache."""
+        position = cache[0][0].shape[2]
+        y = self.tgt_embed(tokens, offset=position)
+        new_cache = []
+        for layer, past, kv in zip(self.decoder, cache, cross):
+            y, present = layer.step(y, past, kv, src_mask)
+            new_cache.append(present)
+        return self.generator(self.dec_norm(y))[:, -1], new_cache
+
+
+def build_model(model_params, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> Transformer:
+    cfg = model_params
+    return Transformer(src_vocab, tgt_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                       n_layers=cfg.n_layers, ffn_dim=cfg.ffn_dim, dropout=cfg.dropout,
+                       pre_norm=cfg.pre_norm, max_positions=cfg.max_positions,
+                       tie_embeddings=cfg.tie_embeddings,
+                       share_source_embedding=cfg.tie_embeddings and shared_vocab)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,143 @@
+"""Typed view of params.yaml: one pydantic model per section, unknown or missing keys rejected.
+
+Each stage loads only its own sections (`load_params("train")`), and dvc.yaml lists the same
+keys, so DVC re-runs a stage exactly when something it reads has changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from src import paths
+from src.errors import PipelineError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PairParams(Section):
+    """Which language is which, and where each sits in the corpus TSV."""
+
+    source_lang: str = Field(min_length=2)
+    target_lang: str = Field(min_length=2)
+    source_column: int = Field(ge=0)
+    target_column: int = Field(ge=0)
+
+
+class DownloadParams(Section):
+    url: str = Field(min_length=1)
+    member: str  # file inside a zip archive; "" picks the largest .txt/.tsv member
+    timeout_s: float = Field(gt=0)
+
+
+class SplitParams(Section):
+    seed: int
+    valid_size: float = Field(gt=0)  # < 1: fraction of source sentences; >= 1: their count
+    test_size: float = Field(gt=0)
+    max_chars: int = Field(gt=0)  # longer lines (either side) are dropped and counted
+
+
+class TokenizeParams(Section):
+    vocab_size: int = Field(ge=32)
+    shared_vocab: bool
+    model_type: Literal["unigram", "bpe"]
+    character_coverage: float = Field(gt=0, le=1)
+    byte_fallback: bool  # rare characters become byte pieces instead of <unk>
+    seed: int
+
+
+class ModelParams(Section):
+    d_model: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    n_layers: int = Field(gt=0)
+    ffn_dim: int = Field(gt=0)
+    dropout: float = Field(ge=0, lt=1)
+    pre_norm: bool
+    max_positions: int = Field(gt=0)
+    tie_embeddings: bool
+
+
+class TrainParams(Section):
+    seed: int
+    epochs: int = Field(gt=0)
+    max_steps: int = Field(ge=0)  # 0: no cap
+    max_tokens: int = Field(gt=0)  # source+target tokens per batch (before accumulation)
+    accumulation_steps: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    schedule: Literal["inverse_sqrt", "cosine"]
+    weight_decay: float = Field(ge=0)
+    label_smoothing: float = Field(ge=0, lt=1)
+    clip_norm: float = Field(ge=0)  # 0: no clipping
+    patience: int = Field(ge=0)  # epochs without valid improvement before stopping; 0: never
+    average_last: int = Field(ge=1)  # average the last N epoch checkpoints into model.pt
+    threads: int = Field(ge=0)  # torch intra-op threads; 0: all cores
+    log_every_steps: int = Field(gt=0)
+
+
+class EvaluateParams(Section):
+    beam_size: int = Field(ge=1)
+    length_penalty: float = Field(ge=0)
+    max_length_ratio: float = Field(gt=0)  # output may be up to ratio * source + 10 tokens
+    batch_size: int = Field(gt=0)
+    num_samples: int = Field(ge=0)  # sample translations logged to MLflow
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "pair": PairParams,
+    "download": DownloadParams,
+    "split": SplitParams,
+    "tokenize": TokenizeParams,
+    "model": ModelParams,
+    "train": TrainParams,
+    "evaluate": EvaluateParams,
+}
+
+
+def read_yaml(path: Path | None = None) -> dict:
+    path = Path(path or paths.PARAMS)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipelineError(f"params file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise PipelineError(f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise PipelineError(f"{path} must be a mapping of sections")
+    return raw
+
+
+def parse_section(name: str, raw: dict):
+    """Validate one section; the error names the offending key, e.g. `train.lr`."""
+    model = SECTIONS[name]
+    if name not in raw:
+        raise PipelineError(f"params.yaml: missing section '{name}'")
+    values = raw[name]
+    if not isinstance(values, dict):
+        raise PipelineError(f"params.yaml: section '{name}' must be a mapping")
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join([name, *(str(p) for p in err["loc"])])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            raise PipelineError(f"params.yaml: unknown key '{key}'") from None
+        if kind == "missing":
+            raise PipelineError(f"params.yaml: missing key '{key}'") from None
+        raise PipelineError(f"params.yaml: bad value for '{key}': {err['msg']}") from None
+
+
+def load_params(*sections: str, path: Path | None = None):
+    """Load the named sections; returns one object, or a tuple for several sections."""
+    raw = read_yaml(path)
+    unknown = sorted(set(raw) - set(SECTIONS) - {"export"})
+    if unknown:
+        raise PipelineError(f"params.yaml: unknown section '{unknown[0]}'")
+    parsed = tuple(parse_section(s, raw) for s in sections)
+    return parsed[0] if len(parsed) == 1 else parsed

@@ -1,0 +1,124 @@
+"""Greedy and batched beam search over `Transformer.encode` / `decode_step` (with KV cache).
+
+Both never emit PAD, BOS or UNK (their logits are masked), so a rare word becomes byte pieces
+instead of `<unk>`. Beam scores follow the Hugging Face / ONNX Runtime convention,
+sum(log p) / length**length_penalty with length = generated tokens including EOS, so the
+exported BeamSearch graph ranks hypotheses the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from src.model import Transformer
+from src.vocab import BOS, EOS, PAD, UNK
+
+BANNED = (PAD, BOS, UNK)
+
+
+def max_output_length(src: Tensor, ratio: float, model: Transformer) -> int:
+    longest = int((src != PAD).sum(1).max())
+    return min(int(ratio * longest) + 10, model.max_positions - 1)
+
+
+def _log_probs(logits: Tensor) -> Tensor:
+    logits = logits.float()
+    logits[:, list(BANNED)] = float("-inf")
+    return torch.log_softmax(logits, dim=-1)
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: Tensor, max_len: int) -> list[list[int]]:
+    """src (B, S) -> token ids per row, EOS excluded."""
+    batch = src.shape[0]
+    memory, src_mask = model.encode(src)
+    cross = model.cross_kv(memory)
+    cache = model.empty_cache(batch, src.device, memory.dtype)
+    tokens = torch.full((batch, 1), BOS, dtype=torch.long, device=src.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    out = []
+    for _ in range(max_len):
+        logits, cache = model.decode_step(tokens, cache, cross, src_mask)
+        nxt = _log_probs(logits).argmax(-1)
+        nxt = nxt.masked_fill(done, EOS)
+        out.append(nxt)
+        done |= nxt == EOS
+        if bool(done.all()):
+            break
+        tokens = nxt[:, None]
+    ids = torch.stack(out, 1).tolist() if out else [[] for _ in range(batch)]
+    return [row[: row.index(EOS)] if EOS in row else row for row in ids]
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, beam: int, max_len: int,
+                length_penalty: float = 1.0) -> list[list[int]]:
+    """Batched beam search; returns the best finished hypothesis per row, EOS excluded.
+
+    A row stops when it holds `beam` finished hypotheses (early stopping, as in ORT/HF with
+    early_stopping=True); rows still open at max_len finish with their live beams.
+    """
+    if beam == 1:
+        return greedy_search(model, src, max_len)
+    batch, device = src.shape[0], src.device
+    memory, src_mask = model.encode(src)
+    # Every row's encoder state repeated beam times: (B*K, ...), row-major.
+    memory = memory.repeat_interleave(beam, dim=0)
+    src_mask = src_mask.repeat_interleave(beam, dim=0)
+    cross = model.cross_kv(memory)
+    cache = model.empty_cache(batch * beam, device, memory.dtype)
+    scores = torch.full((batch, beam), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # only one live beam at the start, the others are copies
+    history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)
+    tokens = torch.full((batch * beam, 1), BOS, dtype=torch.long, device=device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    open_rows = [True] * batch
+    for step in range(max_len):
+        logits, cache = model.decode_step(tokens, cache, cross, src_mask)
+        logp = _log_probs(logits).view(batch, beam, -1)
+        vocab = logp.shape[-1]
+        candidates = (scores.unsqueeze(-1) + logp).view(batch, -1)  # (B, K*V)
+        top_scores, top_ids = candidates.topk(2 * beam, dim=-1)  # (B, 2K)
+        src_beam, token = top_ids // vocab, top_ids % vocab
+        next_scores = torch.full((batch, beam), float("-inf"), device=device)
+        next_beam = torch.zeros((batch, beam), dtype=torch.long, device=device)
+        next_token = torch.full((batch, beam), EOS, dtype=torch.long, device=device)
+        length = step + 1  # generated tokens including this one (EOS counts)
+        ts, tb, tt = top_scores.tolist(), src_beam.tolist(), token.tolist()
+        for b in range(batch):
+            if not open_rows[b]:
+                continue
+            kept = 0
+            for rank in range(2 * beam):
+                score, k, tok = ts[b][rank], tb[b][rank], tt[b][rank]
+                if score == float("-inf"):
+                    break
+                if tok == EOS:
+                    if rank < beam:  # only EOS candidates that would have survived count
+                        hyp = history[b * beam + k].tolist()
+                        finished[b].append((score / length**length_penalty, hyp))
+                    continue
+                next_scores[b, kept], next_beam[b, kept], next_token[b, kept] = score, k, tok
+                kept += 1
+                if kept == beam:
+                    break
+            if len(finished[b]) >= beam:
+                open_rows[b] = False
+        if not any(open_rows):
+            break
+        # Reorder caches and histories to follow the surviving beams: index (B*K,)
+        flat = (next_beam + torch.arange(batch, device=device)[:, None] * beam).view(-1)
+        cache = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in cache]
+        history = torch.cat([history.index_select(0, flat), next_token.view(-1, 1)], dim=1)
+        scores = next_scores.masked_fill(
+            ~torch.tensor(open_rows, device=device)[:, None], float("-inf"))
+        tokens = next_token.view(-1, 1)
+    for b in range(batch):
+        if open_rows[b] or not finished[b]:  # ran out of length: live beams are candidates
+            for k in range(beam):
+                s = float(scores[b, k])
+                if s > float("-inf"):
+                    finished[b].append((s / history.shape[1]**length_penalty,
+                                        history[b * beam + k].tolist()))
+    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]

@@ -1,0 +1,132 @@
+"""split: data/raw/corpus.tsv -> data/split/{train,valid,test} (a `datasets` DatasetDict).
+
+Reads params `pair.*` (which column is source/target) and `split.*`. Lines are cleaned,
+empty/malformed/over-long lines dropped and counted, exact duplicates removed, then the
+distinct *source sentences* are shuffled with `split.seed` and assigned to valid/test/train,
+so a sentence with several translations never straddles two splits. Counts go to
+data/split_metrics.json.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import typer
+
+from src import paths, tracking
+from src.atomic import atomic_dir, write_json
+from src.errors import PipelineError, require_file, run_cli
+from src.params import PairParams, SplitParams, load_params
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+Pair = tuple[str, str]
+
+
+@dataclass
+class Cleaned:
+    pairs: list[Pair] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+
+
+def clean_text(text: str) -> str:
+    return " ".join(text.replace("\ufeff", "").split())
+
+
+def read_pairs(lines, pair: PairParams, max_chars: int) -> Cleaned:
+    """Parse TSV lines into (source, target) pairs; count why others were dropped."""
+    out = Cleaned()
+    seen: set[Pair] = set()
+    need = max(pair.source_column, pair.target_column) + 1
+    for line in lines:
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            out.dropped["empty"] += 1
+            continue
+        cols = line.split("\t")
+        if len(cols) < need:
+            out.dropped["malformed"] += 1
+            continue
+        src, tgt = clean_text(cols[pair.source_column]), clean_text(cols[pair.target_column])
+        if not src or not tgt:
+            out.dropped["empty"] += 1
+        elif len(src) > max_chars or len(tgt) > max_chars:
+            out.dropped["too_long"] += 1
+        elif (src, tgt) in seen:
+            out.dropped["duplicate"] += 1
+        else:
+            seen.add((src, tgt))
+            out.pairs.append((src, tgt))
+    return out
+
+
+def group_count(size: float, n_groups: int) -> int:
+    """`split.valid_size`/`test_size`: a fraction of the groups if < 1, else a count."""
+    return int(round(size * n_groups)) if size < 1 else int(size)
+
+
+def split_grouped(pairs: list[Pair], cfg: SplitParams) -> dict[str, list[Pair]]:
+    """Assign whole source-sentence groups to valid, test and train (in that order)."""
+    sources = sorted({src for src, _ in pairs})
+    random.Random(cfg.seed).shuffle(sources)
+    n_valid = group_count(cfg.valid_size, len(sources))
+    n_test = group_count(cfg.test_size, len(sources))
+    if n_valid + n_test >= len(sources):
+        raise PipelineError(
+            f"split: valid ({n_valid}) + test ({n_test}) source sentences leave none of "
+            f"{len(sources)} for training; lower split.valid_size/test_size"
+        )
+    part_of = {s: "valid" for s in sources[:n_valid]}
+    part_of.update({s: "test" for s in sources[n_valid:n_valid + n_test]})
+    parts: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
+    for src, tgt in pairs:
+        parts[part_of.get(src, "train")].append((src, tgt))
+    return parts
+
+
+def write_parts(parts: dict[str, list[Pair]], out_dir: Path) -> None:
+    from datasets import Dataset, DatasetDict, disable_progress_bars
+
+    disable_progress_bars()
+    dataset = DatasetDict({
+        name: Dataset.from_dict({"source": [s for s, _ in rows], "target": [t for _, t in rows]})
+        for name, rows in parts.items()
+    })
+    with atomic_dir(out_dir) as tmp:
+        dataset.save_to_disk(str(tmp))
+
+
+@app.command()
+def main(corpus: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV from `download`."),
+         out_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict directory to write."),
+         metrics: Path = typer.Option(paths.SPLIT_METRICS, help="Counts JSON to write.")) -> None:
+    """Clean the corpus and split it train/valid/test, grouped by source sentence
+    (params `pair.*`, `split.*`)."""
+    pair, cfg = load_params("pair", "split")
+    require_file(corpus, "download")
+    with tracking.stage_run("split", {"pair": pair.model_dump(), "split": cfg.model_dump()},
+                            deps=[corpus]) as run:
+        with corpus.open(encoding="utf-8", errors="replace") as lines:
+            cleaned = read_pairs(lines, pair, cfg.max_chars)
+        if not cleaned.pairs:
+            raise PipelineError(f"{corpus}: no valid '{pair.source_lang}<TAB>"
+                                f"{pair.target_lang}' line found")
+        parts = split_grouped(cleaned.pairs, cfg)
+        write_parts(parts, out_dir)
+        counts = {
+            "kept": len(cleaned.pairs),
+            **{f"dropped_{k}": cleaned.dropped.get(k, 0)
+               for k in ("empty", "malformed", "too_long", "duplicate")},
+            **{f"n_{name}": len(rows) for name, rows in parts.items()},
+            **{f"sources_{name}": len({s for s, _ in rows}) for name, rows in parts.items()},
+        }
+        write_json(metrics, counts)
+        run.log_metrics(counts)
+    print("split: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    run_cli(app)

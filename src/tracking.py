@@ -1,0 +1,196 @@
+"""The MLflow seam: one context manager per stage execution, a no-op when tracking is off.
+
+* Tracking URI: `MLFLOW_TRACKING_URI` wins; otherwise `sqlite:///<repo>/mlflow.db`, which is
+  what `mlflow ui` opens by default when started at the repo root.
+* Each stage execution is one run named after the stage, tagged with the git commit, the md5 of
+  its data inputs from `dvc.lock`, and a `repro_id` shared by all stages of one `dvc repro`
+  (derived from the dvc process that spawned them). The runs of one repro are nested under a
+  parent run named `repro <time>`, so the UI shows them as one expandable group.
+* `NMT_TRACKING=off` disables tracking (unit tests, quick local runs).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from src import paths
+
+EXPERIMENT = os.environ.get("NMT_EXPERIMENT", "nmt")
+
+
+def enabled() -> bool:
+    return os.environ.get("NMT_TRACKING", "on").lower() not in {"0", "off", "false", "no"}
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{paths.ROOT / 'mlflow.db'}"
+
+
+class NullRun:
+    """Stands in for a run when tracking is off: every call does nothing."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+    def log_artifacts(self, path: Path, artifact_path: str | None = None) -> None: ...
+    def log_table(self, data: dict[str, list], artifact_file: str) -> None: ...
+    def log_dict(self, data: dict, artifact_file: str) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+
+    @property
+    def run_id(self) -> str | None:
+        return None
+
+
+class MlflowRun(NullRun):
+    def __init__(self, client, run_id: str):
+        self._client = client
+        self._run_id = run_id
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        import mlflow
+
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        import mlflow
+
+        mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+    def log_artifacts(self, path: Path, artifact_path: str | None = None) -> None:
+        import mlflow
+
+        mlflow.log_artifacts(str(path), artifact_path=artifact_path)
+
+    def log_table(self, data: dict[str, list], artifact_file: str) -> None:
+        import mlflow
+
+        mlflow.log_table(data=data, artifact_file=artifact_file)
+
+    def log_dict(self, data: dict, artifact_file: str) -> None:
+        import mlflow
+
+        mlflow.log_dict(data, artifact_file)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        import mlflow
+
+        mlflow.set_tags(tags)
+
+
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'train': {'lr': 1}} -> {'train.lr': 1}, the dotted names dvc.yaml uses."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True, timeout=10
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def data_hashes(deps: list[Path]) -> dict[str, str]:
+    """md5 of each input as recorded in dvc.lock (the outputs of upstream stages)."""
+    lock = paths.ROOT / "dvc.lock"
+    if not lock.exists():
+        return {}
+    try:
+        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    except yaml.YAMLError:
+        return {}
+    known = {o["path"]: o.get("md5", "") for s in stages.values() for o in s.get("outs", [])}
+    tags = {}
+    for dep in deps:
+        rel = os.path.relpath(dep, paths.ROOT)
+        if rel in known:
+            tags[f"data.{rel}"] = known[rel]
+    return tags
+
+
+def repro_id() -> str:
+    """Same value for every stage of one `dvc repro`: the start time and pid of that dvc process.
+
+    `NMT_REPRO_ID` overrides; outside DVC each run is its own group.
+    """
+    if os.environ.get("NMT_REPRO_ID"):
+        return os.environ["NMT_REPRO_ID"]
+    try:
+        import psutil
+
+        proc = psutil.Process().parent()
+        while proc is not None:
+            argv = proc.cmdline()
+            # `dvc …` as a script (python /…/bin/dvc) or binary, or `python -m dvc …`
+            if any(Path(a).name == "dvc" for a in argv[:2]) or argv[1:3] == ["-m", "dvc"]:
+                stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(proc.create_time()))
+                return f"{stamp}-{proc.pid}"
+            proc = proc.parent()
+    except Exception:  # psutil missing or a process vanished: fall back to a fresh id
+        pass
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-manual"
+
+
+def _parent_run(client, experiment_id: str, group: str, tags: dict[str, str]) -> str:
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.repro_id = '{group}' and tags.kind = 'repro'"
+    )
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(
+        experiment_id, run_name=f"repro {group}", tags={**tags, "kind": "repro", "repro_id": group}
+    )
+    return run.info.run_id
+
+
+@contextmanager
+def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = ()) -> Iterator[NullRun]:
+    """Open the MLflow run of one stage execution; the run fails if the stage raises."""
+    if not enabled():
+        yield NullRun()
+        return
+    import logging
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    mlflow.set_tracking_uri(tracking_uri())
+    client = MlflowClient()
+    experiment = mlflow.set_experiment(EXPERIMENT)
+    group = repro_id()
+    commit = git_commit()
+    tags = {"stage": stage, "git_commit": commit, "repro_id": group, "kind": "stage"}
+    tags.update(data_hashes(list(deps)))
+    parent = _parent_run(client, experiment.experiment_id, group, {"git_commit": commit})
+    tags["mlflow.parentRunId"] = parent
+    with mlflow.start_run(run_name=stage, tags=tags) as run:
+        flat = flatten(params)
+        if flat:
+            mlflow.log_params(flat)
+        try:
+            yield MlflowRun(client, run.info.run_id)
+        finally:
+            client.set_terminated(parent, "FINISHED")

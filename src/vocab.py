@@ -1,0 +1,71 @@
+"""SentencePiece tokenizers for the two sides, and the special ids every module agrees on.
+
+`models/tokenizer/` holds `source.model`, `target.model` (the same file twice when the
+vocabulary is shared) and `tokenizer.json` with the special ids and languages, so inference
+finds everything beside the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+from src.errors import PipelineError
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+META = "tokenizer.json"
+
+
+@dataclass
+class Tokenizers:
+    source: spm.SentencePieceProcessor
+    target: spm.SentencePieceProcessor
+    meta: dict
+
+    @property
+    def source_vocab(self) -> int:
+        return self.source.get_piece_size()
+
+    @property
+    def target_vocab(self) -> int:
+        return self.target.get_piece_size()
+
+    def encode_source(self, texts: list[str]) -> list[list[int]]:
+        return self.source.encode(texts)
+
+    def decode_target(self, ids: list[list[int]]) -> list[str]:
+        return self.target.decode([[i for i in row if i > EOS] for row in ids])
+
+
+def train_spm(sentences: list[str], vocab_size: int, model_type: str, character_coverage: float,
+              byte_fallback: bool, seed: int) -> bytes:
+    """Train one SentencePiece model in memory; returns its serialized bytes."""
+    import io
+
+    spm.set_random_generator_seed(seed)
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            byte_fallback=byte_fallback, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+            hard_vocab_limit=False,  # tiny corpora get a smaller vocabulary instead of an error
+            num_threads=2, minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise PipelineError(f"sentencepiece training failed: {exc}".splitlines()[0]) from None
+    return buffer.getvalue()
+
+
+def load_tokenizers(directory: Path) -> Tokenizers:
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / META).read_text(encoding="utf-8"))
+        source = spm.SentencePieceProcessor(model_file=str(directory / "source.model"))
+        target = spm.SentencePieceProcessor(model_file=str(directory / "target.model"))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise PipelineError(f"cannot load tokenizer from {directory}: {exc}") from None
+    return Tokenizers(source, target, meta)
