@@ -53,8 +53,9 @@ def make_batch(sources: list[list[int]], targets: list[list[int]], max_positions
     return Batch(pad(src), pad([[BOS] + t for t in tgt]), pad([t + [EOS] for t in tgt]))
 
 
-def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int,
-                  shuffle: bool = True) -> list[list[int]]:
+def token_batches(
+    src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, shuffle: bool = True
+) -> list[list[int]]:
     """Index lists, each batch within `max_tokens` padded source+target tokens (+BOS/EOS)."""
     order = list(range(len(src_lens)))
     rng = random.Random(seed)
@@ -65,7 +66,7 @@ def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, see
     pool_size = max(1, int(POOL_BATCHES * max_tokens / max(avg, 1)))
     batches: list[list[int]] = []
     for start in range(0, len(order), pool_size):
-        pool = sorted(order[start: start + pool_size], key=lambda i: cost[i])
+        pool = sorted(order[start : start + pool_size], key=lambda i: cost[i])
         batch: list[int] = []
         max_s = max_t = 0
         for i in pool:

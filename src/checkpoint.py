@@ -39,8 +39,9 @@ def load_model(path: Path) -> tuple[Transformer, dict]:
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as exc:
-        raise PipelineError(f"checkpoint {path} does not match its config: "
-                            f"{str(exc).splitlines()[0]}") from None
+        raise PipelineError(
+            f"checkpoint {path} does not match its config: {str(exc).splitlines()[0]}"
+        ) from None
     return model.eval(), ckpt
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import io
 import shutil
 import tempfile
 import urllib.error
@@ -60,8 +59,12 @@ def fetch(url: str, dest: Path, timeout_s: float) -> None:
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp, dest.open("wb") as out:
             total = int(resp.headers.get("Content-Length") or 0) or None
-            columns = (*Progress.get_default_columns()[:1], BarColumn(), DownloadColumn(),
-                       TransferSpeedColumn())
+            columns = (
+                *Progress.get_default_columns()[:1],
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+            )
             with Progress(*columns, transient=True) as bar:
                 task = bar.add_task(f"download {Path(url).name}", total=total)
                 while chunk := resp.read(CHUNK):
@@ -105,8 +108,10 @@ def extract_corpus(payload: Path, member: str) -> bytes:
 
 
 @app.command()
-def main(out: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV to write."),
-         meta: Path = typer.Option(paths.RAW_META, help="JSON with url, size and sha256.")) -> None:
+def main(
+    out: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV to write."),
+    meta: Path = typer.Option(paths.RAW_META, help="JSON with url, size and sha256."),
+) -> None:
     """Download the corpus named by params `download.url` (http(s), file:// or a local path;
     zip or plain TSV) and write it as one UTF-8 TSV, atomically."""
     cfg: DownloadParams = load_params("download")

@@ -46,6 +46,6 @@ def require_file(path, produced_by: str) -> None:
     from pathlib import Path
 
     if not Path(path).exists():
-        raise PipelineError(f"missing input {path}: run the '{produced_by}' stage first (dvc repro)")
-
-
+        raise PipelineError(
+            f"missing input {path}: run the '{produced_by}' stage first (dvc repro)"
+        )

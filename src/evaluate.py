@@ -43,16 +43,20 @@ def score(hypotheses: list[str], references: list[str], target_lang: str) -> dic
 
     bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=bleu_tokenizer(target_lang))
     chrf = sacrebleu.corpus_chrf(hypotheses, [references])
-    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2),
-            "bleu_brevity_penalty": round(bleu.bp, 4)}
+    return {
+        "bleu": round(bleu.score, 2),
+        "chrf": round(chrf.score, 2),
+        "bleu_brevity_penalty": round(bleu.bp, 4),
+    }
 
 
-def translate_ids(model, sources: list[list[int]], cfg: EvaluateParams,
-                  progress: Progress | None = None) -> list[list[int]]:
+def translate_ids(
+    model, sources: list[list[int]], cfg: EvaluateParams, progress: Progress | None = None
+) -> list[list[int]]:
     """Beam-search every source (id lists), batched by length; output order = input order."""
     # Length-sorted batches pad little; results are written back in input order.
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    batches = [order[i: i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
     out: list[list[int]] = [[] for _ in sources]
     task = progress.add_task("translate", total=len(sources)) if progress else None
     for idx in batches:
@@ -67,20 +71,25 @@ def translate_ids(model, sources: list[list[int]], cfg: EvaluateParams,
 
 
 @app.command()
-def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model from `train`."),
-         split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits."),
-         tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir."),
-         split: str = typer.Option("test", help="Which split to translate."),
-         metrics: Path = typer.Option(paths.EVAL_METRICS, help="Metrics JSON to write."),
-         translations: Path = typer.Option(paths.EVAL_TRANSLATIONS, help="TSV to write.")) -> None:
+def main(
+    model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model from `train`."),
+    split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits."),
+    tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir."),
+    split: str = typer.Option("test", help="Which split to translate."),
+    metrics: Path = typer.Option(paths.EVAL_METRICS, help="Metrics JSON to write."),
+    translations: Path = typer.Option(paths.EVAL_TRANSLATIONS, help="TSV to write."),
+) -> None:
     """Translate the test split with beam search (params `evaluate.*`) and score BLEU/chrF."""
     from datasets import load_from_disk
 
     pair, cfg = load_params("pair", "evaluate")
     pair: PairParams
     cfg: EvaluateParams
-    for path, stage in ((model_path, "train"), (split_dir, "tokenize"),
-                        (tokenizer_dir, "tokenize")):
+    for path, stage in (
+        (model_path, "train"),
+        (split_dir, "tokenize"),
+        (tokenizer_dir, "tokenize"),
+    ):
         require_file(path, stage)
     torch.set_num_threads(os.cpu_count() or 1)
     model, _ = checkpoint.load_model(model_path)
@@ -95,11 +104,15 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         seconds = time.perf_counter() - start
         hypotheses = tok.decode_target(hyp_ids)
         result = score(hypotheses, references, pair.target_lang)
-        result.update({
-            "bleu_tokenizer": bleu_tokenizer(pair.target_lang), "split": split,
-            "sentences": len(sources), "beam_size": cfg.beam_size,
-            "sentences_per_s": round(len(sources) / max(seconds, 1e-9), 2),
-        })
+        result.update(
+            {
+                "bleu_tokenizer": bleu_tokenizer(pair.target_lang),
+                "split": split,
+                "sentences": len(sources),
+                "beam_size": cfg.beam_size,
+                "sentences_per_s": round(len(sources) / max(seconds, 1e-9), 2),
+            }
+        )
         with atomic_path(translations) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
             writer.writerow(["source", "reference", "hypothesis"])
@@ -107,11 +120,15 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         write_json(metrics, result)
         run.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
         n = cfg.num_samples
-        run.log_table({"source": sources[:n], "reference": references[:n],
-                       "hypothesis": hypotheses[:n]}, "samples.json")
+        run.log_table(
+            {"source": sources[:n], "reference": references[:n], "hypothesis": hypotheses[:n]},
+            "samples.json",
+        )
         run.log_artifact(translations, "evaluate")
-    print(f"evaluate: BLEU {result['bleu']} chrF {result['chrf']} on {len(sources):,} "
-          f"{split} sentences (beam {cfg.beam_size}, {result['sentences_per_s']} sent/s)")
+    print(
+        f"evaluate: BLEU {result['bleu']} chrF {result['chrf']} on {len(sources):,} "
+        f"{split} sentences (beam {cfg.beam_size}, {result['sentences_per_s']} sent/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)
 def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same) (paper §3.5)."""
     position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
-                         * (-math.log(10000.0) / d_model))
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
     pe = torch.zeros(max_len, d_model)
     pe[:, 0::2] = torch.sin(position * inv_freq)
     pe[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
@@ -40,7 +41,7 @@ def causal_mask(length: int, device=None) -> Tensor:
 
 
 def padding_mask(ids: Tensor) -> Tensor:
-    """(B, T) token ids -> (B, 1, 1, T) bool, True on real tokens (broadcasts over heads/queries)."""
+    """(B, T) ids -> (B, 1, 1, T) bool, True on real tokens (broadcasts over heads, queries)."""
     return (ids != PAD)[:, None, None, :]
 
 
@@ -57,7 +58,7 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
         length = ids.shape[1]
-        return self.dropout(self.token(ids) * self.scale + self.pe[offset: offset + length])
+        return self.dropout(self.token(ids) * self.scale + self.pe[offset : offset + length])
 
 
 class MultiHeadAttention(nn.Module):
@@ -96,8 +97,12 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn_dim: int, dropout: float):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout),
-                                 nn.Linear(ffn_dim, d_model))
+        self.net = nn.Sequential(
+            nn.Linear(d_model, ffn_dim),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(ffn_dim, d_model),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -162,16 +167,34 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, src_vocab: int, tgt_vocab: int, d_model: int = 256, n_heads: int = 4,
-                 n_layers: int = 3, ffn_dim: int = 1024, dropout: float = 0.1,
-                 pre_norm: bool = True, max_positions: int = 256, tie_embeddings: bool = True,
-                 share_source_embedding: bool = False):
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int = 256,
+        n_heads: int = 4,
+        n_layers: int = 3,
+        ffn_dim: int = 1024,
+        dropout: float = 0.1,
+        pre_norm: bool = True,
+        max_positions: int = 256,
+        tie_embeddings: bool = True,
+        share_source_embedding: bool = False,
+    ):
         super().__init__()
-        self.config = dict(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model,
-                           n_heads=n_heads, n_layers=n_layers, ffn_dim=ffn_dim, dropout=dropout,
-                           pre_norm=pre_norm, max_positions=max_positions,
-                           tie_embeddings=tie_embeddings,
-                           share_source_embedding=share_source_embedding)
+        self.config = dict(
+            src_vocab=src_vocab,
+            tgt_vocab=tgt_vocab,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_layers=n_layers,
+            ffn_dim=ffn_dim,
+            dropout=dropout,
+            pre_norm=pre_norm,
+            max_positions=max_positions,
+            tie_embeddings=tie_embeddings,
+            share_source_embedding=share_source_embedding,
+        )
         layer_args = (d_model, n_heads, ffn_dim, dropout, pre_norm)
         self.src_embed = Embeddings(src_vocab, d_model, max_positions, dropout)
         self.tgt_embed = Embeddings(tgt_vocab, d_model, max_positions, dropout)
@@ -220,16 +243,22 @@ class Transformer(nn.Module):
         return self.generator(self.decode(tgt_in, memory, src_mask))
 
     def cross_kv(self, memory: Tensor) -> list[KV]:
-        """Per decoder layer, the cross-attention keys/values of the encoder output (computed once)."""
+        """Per decoder layer, cross-attention keys/values of the encoder output (computed once)."""
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
 
     def empty_cache(self, batch: int, device=None, dtype=torch.float32) -> list[KV]:
         shape = (batch, self.n_heads, 0, self.d_head)
-        return [(torch.zeros(shape, device=device, dtype=dtype),
-                 torch.zeros(shape, device=device, dtype=dtype)) for _ in self.decoder]
+        return [
+            (
+                torch.zeros(shape, device=device, dtype=dtype),
+                torch.zeros(shape, device=device, dtype=dtype),
+            )
+            for _ in self.decoder
+        ]
 
-    def decode_step(self, tokens: Tensor, cache: list[KV], cross: list[KV],
-                    src_mask: Tensor) -> tuple[Tensor, list[KV]]:
+    def decode_step(
+        self, tokens: Tensor, cache: list[KV], cross: list[KV], src_mask: Tensor
+    ) -> tuple[Tensor, list[KV]]:
         """tokens (B, 1) at position len(cache) -> next-token logits (B, V) and the grown cache."""
         position = cache[0][0].shape[2]
         y = self.tgt_embed(tokens, offset=position)
@@ -242,11 +271,19 @@ class Transformer(nn.Module):
 
 def build_model(model_params, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> Transformer:
     cfg = model_params
-    return Transformer(src_vocab, tgt_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                       n_layers=cfg.n_layers, ffn_dim=cfg.ffn_dim, dropout=cfg.dropout,
-                       pre_norm=cfg.pre_norm, max_positions=cfg.max_positions,
-                       tie_embeddings=cfg.tie_embeddings,
-                       share_source_embedding=cfg.tie_embeddings and shared_vocab)
+    return Transformer(
+        src_vocab,
+        tgt_vocab,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        n_layers=cfg.n_layers,
+        ffn_dim=cfg.ffn_dim,
+        dropout=cfg.dropout,
+        pre_norm=cfg.pre_norm,
+        max_positions=cfg.max_positions,
+        tie_embeddings=cfg.tie_embeddings,
+        share_source_embedding=cfg.tie_embeddings and shared_vocab,
+    )
 
 
 def count_parameters(model: nn.Module) -> int:

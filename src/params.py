@@ -88,6 +88,17 @@ class EvaluateParams(Section):
     num_samples: int = Field(ge=0)  # sample translations logged to MLflow
 
 
+class ExportParams(Section):
+    opset: int = Field(ge=18, le=23)  # ONNX opset of the exported subgraphs (dynamo: 18+)
+    quantize: bool  # also write models/model.int8.onnx (int8 weights), with its own BLEU
+    parity_sentences: int = Field(gt=0)  # test sentences decoded by both PyTorch and ORT
+    beam_size: int = Field(ge=1)  # beam of the parity check; infer's default beam too
+    length_penalty: float = Field(ge=0)
+    max_length_ratio: float = Field(gt=0)  # output may be up to ratio * source + 10 tokens
+    batch_size: int = Field(gt=0)  # sentences per session.run in the checks
+    min_beam_parity: float = Field(ge=0, le=1)  # greedy must match 100%; beam may tie-break
+
+
 SECTIONS: dict[str, type[Section]] = {
     "pair": PairParams,
     "download": DownloadParams,
@@ -96,6 +107,7 @@ SECTIONS: dict[str, type[Section]] = {
     "model": ModelParams,
     "train": TrainParams,
     "evaluate": EvaluateParams,
+    "export": ExportParams,
 }
 
 
@@ -136,7 +148,7 @@ def parse_section(name: str, raw: dict):
 def load_params(*sections: str, path: Path | None = None):
     """Load the named sections; returns one object, or a tuple for several sections."""
     raw = read_yaml(path)
-    unknown = sorted(set(raw) - set(SECTIONS) - {"export"})
+    unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise PipelineError(f"params.yaml: unknown section '{unknown[0]}'")
     parsed = tuple(parse_section(s, raw) for s in sections)

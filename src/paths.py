@@ -36,3 +36,4 @@ EVAL_TRANSLATIONS = EVAL / "translations.tsv"
 
 ONNX_MODEL = MODELS / "model.onnx"
 EXPORT_METRICS = MODELS / "export_metrics.json"
+ONNX_INT8_MODEL = MODELS / "model.int8.onnx"

@@ -52,8 +52,9 @@ def greedy_search(model: Transformer, src: Tensor, max_len: int) -> list[list[in
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, beam: int, max_len: int,
-                length_penalty: float = 1.0) -> list[list[int]]:
+def beam_search(
+    model: Transformer, src: Tensor, beam: int, max_len: int, length_penalty: float = 1.0
+) -> list[list[int]]:
     """Batched beam search; returns the best finished hypothesis per row, EOS excluded.
 
     A row stops when it holds `beam` finished hypotheses (early stopping, as in ORT/HF with
@@ -112,13 +113,15 @@ def beam_search(model: Transformer, src: Tensor, beam: int, max_len: int,
         cache = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in cache]
         history = torch.cat([history.index_select(0, flat), next_token.view(-1, 1)], dim=1)
         scores = next_scores.masked_fill(
-            ~torch.tensor(open_rows, device=device)[:, None], float("-inf"))
+            ~torch.tensor(open_rows, device=device)[:, None], float("-inf")
+        )
         tokens = next_token.view(-1, 1)
     for b in range(batch):
         if open_rows[b] or not finished[b]:  # ran out of length: live beams are candidates
             for k in range(beam):
                 s = float(scores[b, k])
                 if s > float("-inf"):
-                    finished[b].append((s / history.shape[1]**length_penalty,
-                                        history[b * beam + k].tolist()))
+                    finished[b].append(
+                        (s / history.shape[1] ** length_penalty, history[b * beam + k].tolist())
+                    )
     return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]

@@ -80,7 +80,7 @@ def split_grouped(pairs: list[Pair], cfg: SplitParams) -> dict[str, list[Pair]]:
             f"{len(sources)} for training; lower split.valid_size/test_size"
         )
     part_of = {s: "valid" for s in sources[:n_valid]}
-    part_of.update({s: "test" for s in sources[n_valid:n_valid + n_test]})
+    part_of.update({s: "test" for s in sources[n_valid : n_valid + n_test]})
     parts: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
     for src, tgt in pairs:
         parts[part_of.get(src, "train")].append((src, tgt))
@@ -91,35 +91,45 @@ def write_parts(parts: dict[str, list[Pair]], out_dir: Path) -> None:
     from datasets import Dataset, DatasetDict, disable_progress_bars
 
     disable_progress_bars()
-    dataset = DatasetDict({
-        name: Dataset.from_dict({"source": [s for s, _ in rows], "target": [t for _, t in rows]})
-        for name, rows in parts.items()
-    })
+    dataset = DatasetDict(
+        {
+            name: Dataset.from_dict(
+                {"source": [s for s, _ in rows], "target": [t for _, t in rows]}
+            )
+            for name, rows in parts.items()
+        }
+    )
     with atomic_dir(out_dir) as tmp:
         dataset.save_to_disk(str(tmp))
 
 
 @app.command()
-def main(corpus: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV from `download`."),
-         out_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict directory to write."),
-         metrics: Path = typer.Option(paths.SPLIT_METRICS, help="Counts JSON to write.")) -> None:
+def main(
+    corpus: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV from `download`."),
+    out_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict directory to write."),
+    metrics: Path = typer.Option(paths.SPLIT_METRICS, help="Counts JSON to write."),
+) -> None:
     """Clean the corpus and split it train/valid/test, grouped by source sentence
     (params `pair.*`, `split.*`)."""
     pair, cfg = load_params("pair", "split")
     require_file(corpus, "download")
-    with tracking.stage_run("split", {"pair": pair.model_dump(), "split": cfg.model_dump()},
-                            deps=[corpus]) as run:
+    with tracking.stage_run(
+        "split", {"pair": pair.model_dump(), "split": cfg.model_dump()}, deps=[corpus]
+    ) as run:
         with corpus.open(encoding="utf-8", errors="replace") as lines:
             cleaned = read_pairs(lines, pair, cfg.max_chars)
         if not cleaned.pairs:
-            raise PipelineError(f"{corpus}: no valid '{pair.source_lang}<TAB>"
-                                f"{pair.target_lang}' line found")
+            raise PipelineError(
+                f"{corpus}: no valid '{pair.source_lang}<TAB>{pair.target_lang}' line found"
+            )
         parts = split_grouped(cleaned.pairs, cfg)
         write_parts(parts, out_dir)
         counts = {
             "kept": len(cleaned.pairs),
-            **{f"dropped_{k}": cleaned.dropped.get(k, 0)
-               for k in ("empty", "malformed", "too_long", "duplicate")},
+            **{
+                f"dropped_{k}": cleaned.dropped.get(k, 0)
+                for k in ("empty", "malformed", "too_long", "duplicate")
+            },
             **{f"n_{name}": len(rows) for name, rows in parts.items()},
             **{f"sources_{name}": len({s for s, _ in rows}) for name, rows in parts.items()},
         }

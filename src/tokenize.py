@@ -22,9 +22,13 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
 def write_tokenizers(train, pair: PairParams, cfg: TokenizeParams, out_dir: Path) -> None:
-    options = dict(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
-                   character_coverage=cfg.character_coverage,
-                   byte_fallback=cfg.byte_fallback, seed=cfg.seed)
+    options = dict(
+        vocab_size=cfg.vocab_size,
+        model_type=cfg.model_type,
+        character_coverage=cfg.character_coverage,
+        byte_fallback=cfg.byte_fallback,
+        seed=cfg.seed,
+    )
     with atomic_dir(out_dir) as tmp:
         if cfg.shared_vocab:
             model = train_spm(list(train["source"]) + list(train["target"]), **options)
@@ -33,9 +37,15 @@ def write_tokenizers(train, pair: PairParams, cfg: TokenizeParams, out_dir: Path
         else:
             (tmp / "source.model").write_bytes(train_spm(list(train["source"]), **options))
             (tmp / "target.model").write_bytes(train_spm(list(train["target"]), **options))
-        meta = {"source_lang": pair.source_lang, "target_lang": pair.target_lang,
-                "shared_vocab": cfg.shared_vocab, "pad_id": PAD, "unk_id": UNK,
-                "bos_id": BOS, "eos_id": EOS}
+        meta = {
+            "source_lang": pair.source_lang,
+            "target_lang": pair.target_lang,
+            "shared_vocab": cfg.shared_vocab,
+            "pad_id": PAD,
+            "unk_id": UNK,
+            "bos_id": BOS,
+            "eos_id": EOS,
+        }
         write_json(tmp / META, meta)
 
 
@@ -54,10 +64,12 @@ def unk_rate(rows: list[list[int]]) -> float:
 
 
 @app.command()
-def main(split_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict from `split`."),
-         tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir to write."),
-         out_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded DatasetDict to write."),
-         metrics: Path = typer.Option(paths.TOKENIZE_METRICS, help="Stats JSON to write.")) -> None:
+def main(
+    split_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict from `split`."),
+    tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir to write."),
+    out_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded DatasetDict to write."),
+    metrics: Path = typer.Option(paths.TOKENIZE_METRICS, help="Stats JSON to write."),
+) -> None:
     """Train SentencePiece on the train split (params `tokenize.*`) and encode all splits."""
     from datasets import DatasetDict, disable_progress_bars, load_from_disk
 
@@ -69,8 +81,10 @@ def main(split_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict from `spl
         splits = load_from_disk(str(split_dir))
         write_tokenizers(splits["train"], pair, cfg, tokenizer_dir)
         tok = load_tokenizers(tokenizer_dir)
-        stats: dict[str, float] = {"source_vocab": tok.source_vocab,
-                                   "target_vocab": tok.target_vocab}
+        stats: dict[str, float] = {
+            "source_vocab": tok.source_vocab,
+            "target_vocab": tok.target_vocab,
+        }
         encoded = {}
         for name, part in splits.items():
             src = tok.source.encode(list(part["source"]))

@@ -43,6 +43,7 @@ class NullRun:
     def log_table(self, data: dict[str, list], artifact_file: str) -> None: ...
     def log_dict(self, data: dict, artifact_file: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
+    def register_model(self, artifact_path: str, name: str) -> str | None: ...
 
     @property
     def run_id(self) -> str | None:
@@ -88,6 +89,18 @@ class MlflowRun(NullRun):
 
         mlflow.set_tags(tags)
 
+    def register_model(self, artifact_path: str, name: str) -> str:
+        """A new version of registered model `name` from a logged artifact directory."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self._client.create_registered_model(name)
+        except MlflowException as exc:  # it exists already: add a version
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        source = f"{self._client.get_run(self._run_id).info.artifact_uri}/{artifact_path}"
+        return self._client.create_model_version(name, source, run_id=self._run_id).version
+
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'train': {'lr': 1}} -> {'train.lr': 1}, the dotted names dvc.yaml uses."""
@@ -104,7 +117,11 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def git_commit() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "HEAD"],
+            cwd=paths.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):

@@ -46,7 +46,9 @@ def lr_factor(step: int, cfg: TrainParams, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def token_loss(model: Transformer, batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+def token_loss(
+    model: Transformer, batch, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed label-smoothed loss and summed NLL over non-pad target tokens, and their count.
 
     Only non-pad positions go through the output projection: the vocabulary matmul is the
@@ -66,10 +68,12 @@ def token_loss(model: Transformer, batch, label_smoothing: float) -> tuple[torch
 def validation_loss(model: Transformer, sources, targets, max_tokens: int, device) -> float:
     model.eval()
     total, count = 0.0, 0
-    for idx in token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens,
-                             seed=0, shuffle=False):
-        batch = make_batch([sources[i] for i in idx], [targets[i] for i in idx],
-                           model.max_positions).to(device)
+    for idx in token_batches(
+        [len(s) for s in sources], [len(t) for t in targets], max_tokens, seed=0, shuffle=False
+    ):
+        batch = make_batch(
+            [sources[i] for i in idx], [targets[i] for i in idx], model.max_positions
+        ).to(device)
         _, nll, n = token_loss(model, batch, 0.0)
         total, count = total + float(nll), count + n
     model.train()
@@ -104,8 +108,11 @@ def fingerprint(params: dict, data_dir: Path) -> str:
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -124,33 +131,55 @@ def write_curve(path: Path, rows: list[dict]) -> None:
 
 
 class Trainer:
-    def __init__(self, model: Transformer, cfg: TrainParams, device: torch.device,
-                 total_steps: int, ckpt_dir: Path, fingerprint: str):
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: TrainParams,
+        device: torch.device,
+        total_steps: int,
+        ckpt_dir: Path,
+        fingerprint: str,
+    ):
         self.model, self.cfg, self.device = model, cfg, device
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=cfg.lr,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, cfg, total_steps))
+            self.optimizer, lambda s: lr_factor(s, cfg, total_steps)
+        )
         self.amp = device.type == "cuda"
-        self.amp_dtype = torch.bfloat16 if self.amp and torch.cuda.is_bf16_supported() \
-            else torch.float16
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp and
-                                           self.amp_dtype == torch.float16)
+        self.amp_dtype = (
+            torch.bfloat16 if self.amp and torch.cuda.is_bf16_supported() else torch.float16
+        )
+        self.scaler = torch.amp.GradScaler(
+            "cuda", enabled=self.amp and self.amp_dtype == torch.float16
+        )
         self.ckpt_dir, self.fingerprint = ckpt_dir, fingerprint
         self.state = TrainState()
 
     # -- checkpoints -------------------------------------------------------------------------
     def save_last(self) -> None:
-        checkpoint.save({
-            "model": self.model.state_dict(), "config": self.model.config,
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(), "state": self.state.__dict__,
-            "rng": rng_state(), "fingerprint": self.fingerprint,
-        }, self.ckpt_dir / "last.pt")
+        checkpoint.save(
+            {
+                "model": self.model.state_dict(),
+                "config": self.model.config,
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "state": self.state.__dict__,
+                "rng": rng_state(),
+                "fingerprint": self.fingerprint,
+            },
+            self.ckpt_dir / "last.pt",
+        )
 
     def try_resume(self) -> bool:
         last = self.ckpt_dir / "last.pt"
@@ -169,23 +198,29 @@ class Trainer:
         self.scaler.load_state_dict(ckpt["scaler"])
         self.state = TrainState(**ckpt["state"])
         set_rng_state(ckpt["rng"])
-        print(f"train: resumed from {last} at step {self.state.step}, "
-              f"epoch {self.state.epoch + 1}, batch {self.state.batch_in_epoch}")
+        print(
+            f"train: resumed from {last} at step {self.state.step}, "
+            f"epoch {self.state.epoch + 1}, batch {self.state.batch_in_epoch}"
+        )
         return True
 
     def keep_epoch_checkpoint(self, epoch: int, valid_loss: float) -> None:
         """Keep the `average_last` best epoch checkpoints (by valid loss), drop the rest."""
         st = self.state
         st.epoch_losses[epoch] = valid_loss
-        checkpoint.save({"model": self.model.state_dict(), "config": self.model.config},
-                        self.ckpt_dir / f"epoch{epoch + 1}.pt")
+        checkpoint.save(
+            {"model": self.model.state_dict(), "config": self.model.config},
+            self.ckpt_dir / f"epoch{epoch + 1}.pt",
+        )
         ranked = sorted(st.epoch_losses, key=st.epoch_losses.get)
-        for old in ranked[self.cfg.average_last:]:
+        for old in ranked[self.cfg.average_last :]:
             (self.ckpt_dir / f"epoch{old + 1}.pt").unlink(missing_ok=True)
         st.epoch_losses = {e: st.epoch_losses[e] for e in ranked[: self.cfg.average_last]}
         if valid_loss < st.best_valid:
-            checkpoint.save({"model": self.model.state_dict(), "config": self.model.config},
-                            self.ckpt_dir / "best.pt")
+            checkpoint.save(
+                {"model": self.model.state_dict(), "config": self.model.config},
+                self.ckpt_dir / "best.pt",
+            )
 
     # -- one optimizer step ------------------------------------------------------------------
     def step(self, batches) -> tuple[float, int]:
@@ -212,14 +247,20 @@ class Trainer:
 
 
 def progress_bar() -> Progress:
-    return Progress(TextColumn("[bold]train[/] epoch {task.fields[epoch]}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} "
-                               "{task.fields[tps]:,.0f} tok/s"))
+    return Progress(
+        TextColumn("[bold]train[/] epoch {task.fields[epoch]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn(
+            "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:,.0f} tok/s"
+        ),
+    )
 
 
-def run_training(trainer: Trainer, train_data, valid_data, run, max_positions: int,
-                 checkpoint_every_steps: int) -> None:
+def run_training(
+    trainer: Trainer, train_data, valid_data, run, max_positions: int, checkpoint_every_steps: int
+) -> None:
     cfg, st, model = trainer.cfg, trainer.state, trainer.model
     src_lens, tgt_lens = [len(s) for s in train_data[0]], [len(t) for t in train_data[1]]
     window_tokens, window_start = 0, time.perf_counter()
@@ -227,15 +268,25 @@ def run_training(trainer: Trainer, train_data, valid_data, run, max_positions: i
         task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
         while not st.finished and st.epoch < cfg.epochs:
             epoch_batches = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + st.epoch)
-            bar.update(task, total=len(epoch_batches), completed=st.batch_in_epoch,
-                       epoch=f"{st.epoch + 1}/{cfg.epochs}")
+            bar.update(
+                task,
+                total=len(epoch_batches),
+                completed=st.batch_in_epoch,
+                epoch=f"{st.epoch + 1}/{cfg.epochs}",
+            )
             step_start = time.perf_counter()
             while st.batch_in_epoch < len(epoch_batches):
-                group = epoch_batches[st.batch_in_epoch: st.batch_in_epoch
-                                      + cfg.accumulation_steps]
-                batches = [make_batch([train_data[0][i] for i in idx],
-                                      [train_data[1][i] for i in idx], max_positions)
-                           for idx in group]
+                group = epoch_batches[
+                    st.batch_in_epoch : st.batch_in_epoch + cfg.accumulation_steps
+                ]
+                batches = [
+                    make_batch(
+                        [train_data[0][i] for i in idx],
+                        [train_data[1][i] for i in idx],
+                        max_positions,
+                    )
+                    for idx in group
+                ]
                 loss, tokens = trainer.step(batches)
                 st.batch_in_epoch += len(group)
                 st.step += 1
@@ -246,16 +297,23 @@ def run_training(trainer: Trainer, train_data, valid_data, run, max_positions: i
                 step_start = now
                 lr = trainer.scheduler.get_last_lr()[0]
                 if not math.isfinite(loss):
-                    raise PipelineError(f"training diverged at step {st.step} (loss {loss}); "
-                                        "lower train.lr or raise train.warmup_steps")
+                    raise PipelineError(
+                        f"training diverged at step {st.step} (loss {loss}); "
+                        "lower train.lr or raise train.warmup_steps"
+                    )
                 if st.step % cfg.log_every_steps == 0:
                     tps = window_tokens / max(now - window_start, 1e-9)
                     window_tokens, window_start = 0, now
-                    row = {"step": st.step, "loss": round(loss, 4), "lr": lr,
-                           "tokens_per_s": round(tps, 1)}
+                    row = {
+                        "step": st.step,
+                        "loss": round(loss, 4),
+                        "lr": lr,
+                        "tokens_per_s": round(tps, 1),
+                    }
                     st.curve.append(row)
-                    run.log_metrics({"train_loss": loss, "lr": lr, "tokens_per_s": tps},
-                                    step=st.step)
+                    run.log_metrics(
+                        {"train_loss": loss, "lr": lr, "tokens_per_s": tps}, step=st.step
+                    )
                     bar.update(task, tps=tps)
                 bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
                 if st.step % checkpoint_every_steps == 0:
@@ -263,18 +321,31 @@ def run_training(trainer: Trainer, train_data, valid_data, run, max_positions: i
                 if cfg.max_steps and st.step >= cfg.max_steps:
                     break
             valid = validation_loss(model, *valid_data, cfg.max_tokens, trainer.device)
-            st.valid_curve.append({"epoch": st.epoch + 1, "step": st.step,
-                                   "valid_loss": round(valid, 4),
-                                   "valid_ppl": round(math.exp(min(valid, 50)), 3)})
-            run.log_metrics({"valid_loss": valid, "valid_ppl": math.exp(min(valid, 50)),
-                             "epoch": st.epoch + 1}, step=st.step)
+            st.valid_curve.append(
+                {
+                    "epoch": st.epoch + 1,
+                    "step": st.step,
+                    "valid_loss": round(valid, 4),
+                    "valid_ppl": round(math.exp(min(valid, 50)), 3),
+                }
+            )
+            run.log_metrics(
+                {
+                    "valid_loss": valid,
+                    "valid_ppl": math.exp(min(valid, 50)),
+                    "epoch": st.epoch + 1,
+                },
+                step=st.step,
+            )
             trainer.keep_epoch_checkpoint(st.epoch, valid)
             improved = valid < st.best_valid
             st.best_valid = min(st.best_valid, valid)
             st.bad_epochs = 0 if improved else st.bad_epochs + 1
-            bar.console.print(f"epoch {st.epoch + 1}: step {st.step}, train loss {loss:.3f}, "
-                              f"valid loss {valid:.3f}{' *' if improved else ''}, "
-                              f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s")
+            bar.console.print(
+                f"epoch {st.epoch + 1}: step {st.step}, train loss {loss:.3f}, "
+                f"valid loss {valid:.3f}{' *' if improved else ''}, "
+                f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s"
+            )
             st.epoch += 1
             st.batch_in_epoch = 0
             if cfg.patience and st.bad_epochs >= cfg.patience:
@@ -291,12 +362,14 @@ def set_seed(seed: int) -> None:
 
 
 @app.command()
-def main(data_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits from `tokenize`."),
-         tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer from `tokenize`."),
-         ckpt_dir: Path = typer.Option(paths.CHECKPOINTS, help="Resumable checkpoints dir."),
-         model_out: Path = typer.Option(paths.MODELS / "model.pt", help="Final model to write."),
-         metrics: Path = typer.Option(paths.TRAIN_METRICS, help="Metrics JSON to write."),
-         checkpoint_every_steps: int = typer.Option(500, help="Save last.pt this often.")) -> None:
+def main(
+    data_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits from `tokenize`."),
+    tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer from `tokenize`."),
+    ckpt_dir: Path = typer.Option(paths.CHECKPOINTS, help="Resumable checkpoints dir."),
+    model_out: Path = typer.Option(paths.MODELS / "model.pt", help="Final model to write."),
+    metrics: Path = typer.Option(paths.TRAIN_METRICS, help="Metrics JSON to write."),
+    checkpoint_every_steps: int = typer.Option(500, help="Save last.pt this often."),
+) -> None:
     """Train the Transformer (params `model.*`, `train.*`); resumes from
     models/checkpoints/last.pt when it matches the current params and data."""
     tok_cfg, model_cfg, cfg = load_params("tokenize", "model", "train")
@@ -311,14 +384,25 @@ def main(data_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits fro
     tokenizers = load_tokenizers(tokenizer_dir)
     train_data = load_encoded(data_dir, "train")
     valid_data = load_encoded(data_dir, "valid")
-    model = build_model(model_cfg, tokenizers.source_vocab, tokenizers.target_vocab,
-                        tok_cfg.shared_vocab).to(device)
-    params = {"tokenize": {"shared_vocab": tok_cfg.shared_vocab},
-              "model": model_cfg.model_dump(), "train": cfg.model_dump()}
-    steps_per_epoch = math.ceil(len(token_batches([len(s) for s in train_data[0]],
-                                                  [len(t) for t in train_data[1]],
-                                                  cfg.max_tokens, cfg.seed))
-                                / cfg.accumulation_steps)
+    model = build_model(
+        model_cfg, tokenizers.source_vocab, tokenizers.target_vocab, tok_cfg.shared_vocab
+    ).to(device)
+    params = {
+        "tokenize": {"shared_vocab": tok_cfg.shared_vocab},
+        "model": model_cfg.model_dump(),
+        "train": cfg.model_dump(),
+    }
+    steps_per_epoch = math.ceil(
+        len(
+            token_batches(
+                [len(s) for s in train_data[0]],
+                [len(t) for t in train_data[1]],
+                cfg.max_tokens,
+                cfg.seed,
+            )
+        )
+        / cfg.accumulation_steps
+    )
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(model, cfg, device, total_steps, ckpt_dir, fingerprint(params, data_dir))
@@ -326,23 +410,34 @@ def main(data_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits fro
         for stale in ckpt_dir.glob("*.pt"):
             stale.unlink()
     n_params = count_parameters(model)
-    print(f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
-          f"~{steps_per_epoch:,} steps/epoch on {device} ({torch.get_num_threads()} threads)")
+    print(
+        f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
+        f"~{steps_per_epoch:,} steps/epoch on {device} ({torch.get_num_threads()} threads)"
+    )
     with tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir]) as run:
         run.log_metrics({"n_parameters": n_params})
-        run_training(trainer, train_data, valid_data, run, model.max_positions,
-                     checkpoint_every_steps)
+        run_training(
+            trainer, train_data, valid_data, run, model.max_positions, checkpoint_every_steps
+        )
         st = trainer.state
         epochs = sorted(st.epoch_losses, key=st.epoch_losses.get)
         states = [checkpoint.load(ckpt_dir / f"epoch{e + 1}.pt")["model"] for e in epochs]
         model.load_state_dict(checkpoint.average_state_dicts(states))
         final_valid = validation_loss(model, *valid_data, cfg.max_tokens, device)
-        checkpoint.save({"model": model.state_dict(), "config": model.config,
-                         "averaged_epochs": [e + 1 for e in epochs]}, model_out)
+        checkpoint.save(
+            {
+                "model": model.state_dict(),
+                "config": model.config,
+                "averaged_epochs": [e + 1 for e in epochs],
+            },
+            model_out,
+        )
         write_curve(metrics.with_name(paths.TRAIN_CURVE.name), st.curve)
         write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)
         summary = {
-            "n_parameters": n_params, "steps": st.step, "epochs": st.epoch,
+            "n_parameters": n_params,
+            "steps": st.step,
+            "epochs": st.epoch,
             "train_seconds": round(st.train_seconds, 1),
             "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
             "best_valid_loss": round(st.best_valid, 4),

@@ -40,8 +40,14 @@ class Tokenizers:
         return self.target.decode([[i for i in row if i > EOS] for row in ids])
 
 
-def train_spm(sentences: list[str], vocab_size: int, model_type: str, character_coverage: float,
-              byte_fallback: bool, seed: int) -> bytes:
+def train_spm(
+    sentences: list[str],
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    byte_fallback: bool,
+    seed: int,
+) -> bytes:
     """Train one SentencePiece model in memory; returns its serialized bytes."""
     import io
 
@@ -49,11 +55,19 @@ def train_spm(sentences: list[str], vocab_size: int, model_type: str, character_
     buffer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
-            model_type=model_type, character_coverage=character_coverage,
-            byte_fallback=byte_fallback, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+            sentence_iterator=iter(sentences),
+            model_writer=buffer,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
             hard_vocab_limit=False,  # tiny corpora get a smaller vocabulary instead of an error
-            num_threads=2, minloglevel=2,
+            num_threads=2,
+            minloglevel=2,
         )
     except RuntimeError as exc:
         raise PipelineError(f"sentencepiece training failed: {exc}".splitlines()[0]) from None

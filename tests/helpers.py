@@ -1,0 +1,71 @@
+"""Helpers shared by the CLI-level tests: a scratch project root and a stage runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def scratch_root(tmp_path: Path, **overrides: dict) -> Path:
+    """A directory with the committed params.yaml, sections updated from `overrides`."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    for section, values in overrides.items():
+        params[section].update(values)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return tmp_path
+
+
+def run_stage(
+    root: Path, module: str, *args: str, stdin: str | None = None, tracking: bool = False
+) -> subprocess.CompletedProcess:
+    """`python -m src.<module>` with NMT_ROOT=root, as DVC runs it (code from this checkout)."""
+    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "on" if tracking else "off"}
+    return subprocess.run(
+        [sys.executable, "-m", f"src.{module}", *args],
+        cwd=REPO,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    """Failure with exit 1 and a single `error: …` line naming the problem, no traceback."""
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def train_cfg(**overrides):
+    """A complete TrainParams for in-process training tests."""
+    from src.params import TrainParams
+
+    base = dict(
+        seed=0,
+        epochs=1,
+        max_steps=0,
+        max_tokens=100,
+        accumulation_steps=1,
+        lr=1e-3,
+        warmup_steps=4,
+        schedule="inverse_sqrt",
+        weight_decay=0.0,
+        label_smoothing=0.1,
+        clip_norm=1.0,
+        patience=0,
+        average_last=1,
+        threads=0,
+        log_every_steps=1,
+    )
+    return TrainParams(**{**base, **overrides})

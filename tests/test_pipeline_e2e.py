@@ -1,0 +1,162 @@
+"""End to end: the real `dvc repro` in a temporary copy of the repo, on the toy corpus with a
+tiny model; checks every stage's outputs, the MLflow runs, the no-op re-run, partial re-runs
+after a `train.*` change, `dvc exp run -S`, and `dvc metrics show`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from toy_corpus import toy_tsv
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = {
+    "split": {"valid_size": 0.1, "test_size": 0.1},
+    "tokenize": {"vocab_size": 120, "byte_fallback": False, "character_coverage": 1.0},
+    "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "ffn_dim": 64, "max_positions": 64},
+    "train": {
+        "epochs": 2,
+        "max_tokens": 1000,
+        "warmup_steps": 10,
+        "log_every_steps": 5,
+        "average_last": 2,
+        "threads": 1,
+    },
+    "evaluate": {"beam_size": 2, "num_samples": 5},
+}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+
+
+def sh(cwd: Path, *cmd: str) -> str:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"NMT_TRACKING", "NMT_ROOT", "MLFLOW_TRACKING_URI"}
+    }
+    result = subprocess.run(
+        cmd, cwd=cwd, env={**env, **GIT_ENV}, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("project")
+    for name in ("src", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config"):
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, target)
+    archive = root.parent / "toy-corpus.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("cmn.txt", toy_tsv())
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["download"]["url"] = archive.as_uri()
+    for section, values in TINY.items():
+        params[section].update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(root, "git", "init", "-q")
+    sh(root, "git", "add", "-A")
+    sh(root, "git", "commit", "-qm", "toy project")
+    sh(root, "dvc", "repro")
+    return root
+
+
+def mlflow_runs(root: Path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=["nmt"], output_format="list")
+
+
+def test_every_stage_wrote_its_outputs(project):
+    from datasets import load_from_disk
+
+    assert (project / "data/raw/corpus.tsv").read_text(encoding="utf-8") == toy_tsv()
+    meta = json.loads((project / "data/raw/download.json").read_text())
+    assert len(meta["corpus_sha256"]) == 64
+    splits = load_from_disk(str(project / "data/split"))
+    counts = json.loads((project / "data/split_metrics.json").read_text())
+    assert counts["kept"] == 1080 and counts["n_train"] == len(splits["train"])
+    assert {"train", "valid", "test"} == set(splits)
+    for name in ("source.model", "target.model", "tokenizer.json"):
+        assert (project / "models/tokenizer" / name).exists()
+    tokenized = load_from_disk(str(project / "data/tokenized"))
+    assert "source_ids" in tokenized["test"].column_names
+    assert (project / "models/model.pt").exists()
+    assert (project / "models/checkpoints/last.pt").exists()
+    train = json.loads((project / "models/train_metrics.json").read_text())
+    assert train["epochs"] == 2 and train["tokens_per_s"] > 0
+    assert (project / "models/train_curve.csv").read_text().startswith("step,loss,lr")
+    result = json.loads((project / "data/eval/metrics.json").read_text())
+    assert result["bleu_tokenizer"] == "zh" and 0 <= result["bleu"] <= 100
+    rows = (project / "data/eval/translations.tsv").read_text(encoding="utf-8").splitlines()
+    assert rows[0] == "source\treference\thypothesis"
+    assert len(rows) == 1 + len(splits["test"])
+
+
+def test_mlflow_runs_are_grouped_and_complete(project):
+    from mlflow import MlflowClient
+
+    runs = mlflow_runs(project)
+    stages = {r.data.tags.get("stage"): r for r in runs if r.data.tags.get("kind") == "stage"}
+    assert {"download", "split", "tokenize", "train", "evaluate"} <= set(stages)
+    groups = {r.data.tags["repro_id"] for r in stages.values()}
+    assert len(groups) == 1
+    parents = [r for r in runs if r.data.tags.get("kind") == "repro"]
+    assert [p.data.tags["repro_id"] for p in parents] == list(groups)
+    assert all(
+        r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages.values()
+    )
+    train = stages["train"]
+    assert train.data.params["train.epochs"] == "2"
+    assert "data.data/tokenized" in train.data.tags  # md5 from dvc.lock
+    client = MlflowClient()
+    assert len(client.get_metric_history(train.info.run_id, "train_loss")) >= 2
+    assert len(client.get_metric_history(train.info.run_id, "valid_loss")) == 2
+    assert "bleu" in stages["evaluate"].data.metrics and "chrf" in stages["evaluate"].data.metrics
+    assert [a.path for a in client.list_artifacts(train.info.run_id)] == ["model"]
+    tok_artifacts = client.list_artifacts(stages["tokenize"].info.run_id, "tokenizer")
+    assert {Path(a.path).name for a in tok_artifacts} >= {"source.model", "tokenizer.json"}
+
+
+def test_second_repro_does_nothing(project):
+    before = len(mlflow_runs(project))
+    out = sh(project, "dvc", "repro")
+    assert "Running stage" not in out
+    assert len(mlflow_runs(project)) == before
+
+
+def test_train_change_reruns_only_train_and_later(project):
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["train"]["max_steps"] = 7
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = sh(project, "dvc", "repro")
+    ran = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
+    assert {"train", "evaluate"} <= ran
+    assert not ran & {"download", "split", "tokenize"}
+    assert json.loads((project / "models/train_metrics.json").read_text())["steps"] == 7
+
+
+def test_metrics_show_and_exp_run(project):
+    assert "bleu" in sh(project, "dvc", "metrics", "show")
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "lock")
+    out = sh(project, "dvc", "exp", "run", "-S", "train.epochs=1")
+    assert "Running stage 'train'" in out and "Running stage 'split'" not in out
+    table = sh(project, "dvc", "exp", "show", "--csv")
+    assert "train.epochs" in table

@@ -1,0 +1,90 @@
+"""Training pieces: token batches, LR schedule, the loss over non-pad tokens, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import train_cfg
+
+from src import checkpoint
+from src.batching import make_batch, token_batches
+from src.errors import PipelineError
+from src.model import Transformer
+from src.train import lr_factor, token_loss
+from src.vocab import BOS, EOS, PAD
+
+
+def test_make_batch_adds_bos_eos_and_pads():
+    batch = make_batch([[5, 6], [7]], [[8], [9, 10]], max_positions=16)
+    assert batch.src.tolist() == [[5, 6, EOS], [7, EOS, PAD]]
+    assert batch.tgt_in.tolist() == [[BOS, 8, PAD], [BOS, 9, 10]]
+    assert batch.tgt_out.tolist() == [[8, EOS, PAD], [9, 10, EOS]]
+    assert batch.n_tokens == 5 + 5
+
+
+def test_token_batches_respect_budget_and_cover_everything():
+    src_lens = [3, 10, 4, 25, 7, 7, 1, 12] * 20
+    tgt_lens = [2, 9, 5, 20, 6, 8, 1, 11] * 20
+    batches = token_batches(src_lens, tgt_lens, max_tokens=120, seed=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(src_lens)))
+    for b in batches:
+        width = max(src_lens[i] for i in b) + 1 + max(tgt_lens[i] for i in b) + 1
+        assert len(b) == 1 or len(b) * width <= 120
+    assert batches == token_batches(src_lens, tgt_lens, max_tokens=120, seed=3)
+    assert batches != token_batches(src_lens, tgt_lens, max_tokens=120, seed=4)
+
+
+def test_inverse_sqrt_schedule_hand_values():
+    cfg = train_cfg(warmup_steps=4)
+    assert [lr_factor(s, cfg, 100) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert math.isclose(lr_factor(15, cfg, 100), math.sqrt(4 / 16))
+
+
+def test_cosine_schedule_hand_values():
+    cfg = train_cfg(warmup_steps=2, schedule="cosine")
+    assert lr_factor(0, cfg, 12) == 0.5
+    assert lr_factor(2, cfg, 12) == 1.0
+    assert math.isclose(lr_factor(7, cfg, 12), 0.5)  # half way through the decay
+    assert math.isclose(lr_factor(12, cfg, 12), 0.0, abs_tol=1e-12)
+
+
+def test_token_loss_ignores_padding():
+    torch.manual_seed(0)
+    model = Transformer(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32, dropout=0.0).eval()
+    batch = make_batch([[5, 6], [7]], [[8], [9, 10]], max_positions=16)
+    loss, nll, n = token_loss(model, batch, label_smoothing=0.1)
+    logits = model(batch.src, batch.tgt_in)
+    keep = batch.tgt_out != PAD
+    assert n == 5
+    ref_nll = F.cross_entropy(logits[keep], batch.tgt_out[keep], reduction="sum")
+    logp = logits[keep].log_softmax(-1)
+    gold = -logp.gather(1, batch.tgt_out[keep][:, None]).squeeze(1)
+    ref_loss = (0.9 * gold + 0.1 * -logp.mean(-1)).sum()
+    assert torch.allclose(nll, ref_nll, atol=1e-4)
+    assert torch.allclose(loss, ref_loss, atol=1e-4)
+
+
+def test_checkpoint_roundtrip_and_corruption(tmp_path):
+    model = Transformer(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32)
+    path = tmp_path / "model.pt"
+    checkpoint.save({"model": model.state_dict(), "config": model.config}, path)
+    loaded, _ = checkpoint.load_model(path)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), loaded.state_dict().values())
+    )
+    path.write_bytes(path.read_bytes()[:1000])  # truncated, as after a crash mid-copy
+    with pytest.raises(PipelineError, match="corrupt checkpoint"):
+        checkpoint.load_model(path)
+    with pytest.raises(PipelineError, match="not found"):
+        checkpoint.load_model(tmp_path / "missing.pt")
+
+
+def test_average_state_dicts():
+    a = {"w": torch.tensor([1.0, 3.0]), "n": torch.tensor(7)}
+    b = {"w": torch.tensor([3.0, 5.0]), "n": torch.tensor(7)}
+    avg = checkpoint.average_state_dicts([a, b])
+    assert avg["w"].tolist() == [2.0, 4.0] and avg["n"].item() == 7
