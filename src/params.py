@@ -48,6 +48,9 @@ class TokenizeParams(Section):
     model_type: Literal["unigram", "bpe"]
     character_coverage: float = Field(gt=0, le=1)
     byte_fallback: bool  # rare characters become byte pieces instead of <unk>
+    # SentencePiece's text normalisation. "identity" keeps the text as written: nmt_nfkc would
+    # turn Chinese fullwidth punctuation (？！，) into ASCII, which the references do not use.
+    normalization: Literal["identity", "nmt_nfkc", "nfkc"]
     seed: int
 
 

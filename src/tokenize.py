@@ -27,6 +27,7 @@ def write_tokenizers(train, pair: PairParams, cfg: TokenizeParams, out_dir: Path
         model_type=cfg.model_type,
         character_coverage=cfg.character_coverage,
         byte_fallback=cfg.byte_fallback,
+        normalization=cfg.normalization,
         seed=cfg.seed,
     )
     with atomic_dir(out_dir) as tmp:

@@ -47,6 +47,7 @@ def train_spm(
     character_coverage: float,
     byte_fallback: bool,
     seed: int,
+    normalization: str = "identity",
 ) -> bytes:
     """Train one SentencePiece model in memory; returns its serialized bytes."""
     import io
@@ -61,6 +62,7 @@ def train_spm(
             model_type=model_type,
             character_coverage=character_coverage,
             byte_fallback=byte_fallback,
+            normalization_rule_name=normalization,
             pad_id=PAD,
             unk_id=UNK,
             bos_id=BOS,

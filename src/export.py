@@ -1,0 +1,262 @@
+"""export: models/model.pt + models/tokenizer -> models/model.onnx, one file with the whole search.
+
+Reads params `pair.{source_lang,target_lang}` and `export.*`. Builds the single-file generation
+graph of src/onnx_graph.py (encoder, KV-cached decoder and beam/greedy search under one
+BeamSearch node, special ids, languages, limits and tokenizer fingerprints in metadata_props)
+and verifies it before it is moved into place: `onnx.checker`, then ONNX Runtime against
+PyTorch's `src.search` on the first `export.parity_sentences` test sentences (greedy must match
+token for token; beam top hypotheses in at least `export.min_beam_parity` of the rows), then
+BLEU of the file on the whole test split. With `export.quantize`, models/model.int8.onnx
+(int8 weights, quantized per subgraph) gets its own BLEU and speed.
+
+Writes models/model.onnx (a DVC out), models/model.int8.onnx (not a DVC out: DVC requires
+declared outs to exist, and this one is optional) and models/export_metrics.json. MLflow gets
+both files with the tokenizer under `model/`, registered as a new version of `nmt-<src>-<tgt>`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+import torch
+import typer
+
+from src import checkpoint, onnx_graph, paths, tracking
+from src.atomic import atomic_path, write_json
+from src.batching import clip_source, pad
+from src.errors import PipelineError, require_file, run_cli
+from src.params import ExportParams, PairParams, load_params
+from src.search import beam_search, greedy_search, max_output_length
+from src.vocab import BOS, EOS, PAD, UNK, Tokenizers, load_tokenizers
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
+
+
+def model_metadata(model, tok: Tokenizers, cfg: ExportParams, tokenizer_dir: Path) -> dict:
+    """Everything `src.infer` needs beside the graph, stored as metadata_props."""
+    return {
+        "format": onnx_graph.GRAPH_FORMAT,
+        "pad_id": PAD, "unk_id": UNK, "bos_id": BOS, "eos_id": EOS,
+        "source_lang": tok.meta.get("source_lang", ""),
+        "target_lang": tok.meta.get("target_lang", ""),
+        "source_vocab": model.config["src_vocab"], "target_vocab": model.config["tgt_vocab"],
+        "max_source_tokens": model.max_positions,  # including the EOS the source ends with
+        "max_output_tokens": model.max_positions - 1,
+        "max_length_ratio": cfg.max_length_ratio,
+        "beam_size": cfg.beam_size, "length_penalty": cfg.length_penalty,
+        **onnx_graph.tokenizer_metadata(tokenizer_dir),
+    }
+
+
+def check_vocab(model, tok: Tokenizers) -> None:
+    sizes = (model.config["src_vocab"], model.config["tgt_vocab"])
+    if sizes != (tok.source_vocab, tok.target_vocab):
+        raise PipelineError(f"tokenizer vocabularies {tok.source_vocab}/{tok.target_vocab} do "
+                            f"not match the model's {sizes[0]}/{sizes[1]}: re-run tokenize+train")
+
+
+def length_batches(sources: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Index lists of similar-length sentences (little padding), as evaluate batches them."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def source_batch(sources: list[list[int]], idx: list[int], model) -> torch.Tensor:
+    return pad([clip_source(sources[i], model.max_positions) for i in idx])  # (B, S)
+
+
+def open_session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
+    """Rows where ONNX Runtime and PyTorch produce the same tokens, greedy and beam."""
+    same = {"greedy": 0, "beam": 0}
+    mismatches: dict[str, list[str]] = {"greedy": [], "beam": []}
+    for idx in length_batches(sources, cfg.batch_size):
+        src = source_batch(sources, idx, model)
+        max_len = max_output_length(src, cfg.max_length_ratio, model)
+        runs = {
+            "greedy": (greedy_search(model, src, max_len), 1),
+            "beam": (beam_search(model, src, cfg.beam_size, max_len, cfg.length_penalty),
+                     cfg.beam_size),
+        }
+        for mode, (expected, beam) in runs.items():
+            got = onnx_graph.run_search(session, src.numpy(), max_len, beam, cfg.length_penalty)
+            for i, want, have in zip(idx, expected, got):
+                same[mode] += want == have
+                if want != have and len(mismatches[mode]) < SHOWN_MISMATCHES:
+                    mismatches[mode].append(f"test row {i}: torch {want} vs onnx {have}")
+    n = len(sources)
+    return {"parity_sentences": n, "greedy_parity": round(same["greedy"] / n, 4),
+            "beam_parity": round(same["beam"] / n, 4), "beam_size": cfg.beam_size,
+            "mismatches": mismatches}
+
+
+def translate(session, sources: list[list[int]], model, cfg: ExportParams):
+    """Beam-search every source through the ONNX file; returns (ids in input order, seconds)."""
+    out: list[list[int]] = [[] for _ in sources]
+    start = time.perf_counter()
+    for idx in length_batches(sources, cfg.batch_size):
+        src = source_batch(sources, idx, model)
+        max_len = max_output_length(src, cfg.max_length_ratio, model)
+        for i, hyp in zip(idx, onnx_graph.run_search(session, src.numpy(), max_len,
+                                                     cfg.beam_size, cfg.length_penalty)):
+            out[i] = hyp
+    return out, time.perf_counter() - start
+
+
+def bleu(hypotheses: list[str], references: list[str], target_lang: str) -> float:
+    import sacrebleu
+
+    # sacreBLEU's tokenizer for the target language, the same choice as evaluate.bleu_tokenizer.
+    lang = target_lang.lower().split("-")[0]
+    tokenize = "zh" if lang in {"zh", "cmn"} else "char" if lang in {"ja", "ko"} else "13a"
+    return round(sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize).score, 2)
+
+
+def score_file(path: Path, model, tok: Tokenizers, part, pair: PairParams,
+               cfg: ExportParams) -> dict:
+    """BLEU, speed and size of one ONNX file on the whole test split."""
+    session = open_session(path)
+    ids, seconds = translate(session, list(part["source_ids"]), model, cfg)
+    hypotheses = tok.decode_target(ids)
+    return {"bleu": bleu(hypotheses, list(part["target"]), pair.target_lang),
+            "sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
+            "size_mb": round(path.stat().st_size / 1e6, 2),
+            "provider": session.get_providers()[0], "ids": ids}
+
+
+def check_graph(path: Path) -> None:
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        raise PipelineError(f"{path.name} fails onnx.checker: {str(exc).splitlines()[0]}") \
+            from None
+
+
+def verify(path: Path, model, sources: list[list[int]], cfg: ExportParams) -> dict:
+    """onnx.checker + PyTorch parity; raises PipelineError when the file is not trustworthy."""
+    check_graph(path)
+    result = parity(open_session(path), model, sources, cfg)
+    mismatches = result.pop("mismatches")
+    if result["greedy_parity"] < 1.0:
+        raise PipelineError(f"greedy parity {result['greedy_parity']:.2%} < 100%: "
+                            + "; ".join(mismatches["greedy"]))
+    if result["beam_parity"] < cfg.min_beam_parity:
+        raise PipelineError(f"beam parity {result['beam_parity']:.2%} < "
+                            f"{cfg.min_beam_parity:.0%}: " + "; ".join(mismatches["beam"]))
+    return result
+
+
+def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
+                   pair: PairParams, cfg: ExportParams) -> dict:
+    """Each file is written to a temporary sibling, checked and scored, then moved into place."""
+    onnx_path, int8_path = paths_out
+    result: dict = {}
+    scores = {}
+    with atomic_path(onnx_path) as tmp:
+        onnx.save(fp32, tmp)
+        result.update(verify(tmp, model, list(part["source_ids"])[: cfg.parity_sentences], cfg))
+        scores["fp32"] = score_file(tmp, model, tok, part, pair, cfg)
+    if int8 is not None:
+        with atomic_path(int8_path) as tmp:
+            onnx.save(int8, tmp)
+            check_graph(tmp)
+            scores["int8"] = score_file(tmp, model, tok, part, pair, cfg)
+        agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
+        result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
+    else:
+        int8_path.unlink(missing_ok=True)  # a stale int8 file would not match model.onnx
+    for name, score in scores.items():
+        score.pop("ids")
+        result.update({f"{name}_{key}": value for key, value in score.items()})
+    return result
+
+
+def log_run(run, result: dict, files: list[Path], tokenizer_dir: Path,
+            pair: PairParams) -> str | None:
+    """Metrics, the model files with their tokenizer under `model/`, and a registry version."""
+    run.log_metrics({k: v for k, v in result.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    run.log_dict(result, "export_metrics.json")
+    for path in files:
+        run.log_artifact(path, "model")
+    run.log_artifacts(tokenizer_dir, "model/tokenizer")
+    return run.register_model("model", f"nmt-{pair.source_lang}-{pair.target_lang}")
+
+
+@app.command()
+def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model from `train`."),
+         tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir."),
+         split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits (test is used)."),
+         onnx_path: Path = typer.Option(paths.ONNX_MODEL, help="Generation model to write."),
+         int8_path: Path = typer.Option(paths.ONNX_INT8_MODEL, help="int8 twin to write."),
+         metrics: Path = typer.Option(paths.EXPORT_METRICS, help="Metrics JSON to write."),
+         ) -> None:
+    """Export model.pt to one model.onnx with the search inside, verified against PyTorch."""
+    from datasets import disable_progress_bars, load_from_disk
+
+    disable_progress_bars()
+    pair, cfg = load_params("pair", "export")
+    pair: PairParams
+    cfg: ExportParams
+    for path, stage in ((model_path, "train"), (tokenizer_dir, "tokenize"),
+                        (split_dir, "tokenize")):
+        require_file(path, stage)
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, _ = checkpoint.load_model(model_path)
+    tok = load_tokenizers(tokenizer_dir)
+    check_vocab(model, tok)
+    part = load_from_disk(str(split_dir))["test"]
+    metadata = model_metadata(model, tok, cfg, tokenizer_dir)
+    params = {"pair": pair.model_dump(), "export": cfg.model_dump()}
+    deps = [model_path, tokenizer_dir, split_dir]
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    with tracking.stage_run("export", params, deps=deps) as run, \
+            tempfile.TemporaryDirectory(prefix=".export.", dir=onnx_path.parent) as work:
+        start = time.perf_counter()
+        fp32, int8 = onnx_graph.build(model, metadata, cfg.opset,
+                                      Path(work) if cfg.quantize else None)
+        result = {"export_seconds": round(time.perf_counter() - start, 1)}
+        result.update(write_verified(fp32, int8, (onnx_path, int8_path), model, tok, part,
+                                     pair, cfg))
+        result.update({"test_sentences": len(part), "onnxruntime": _ort_version()})
+        write_json(metrics, result)
+        files = [onnx_path] + ([int8_path] if int8 is not None else [])
+        version = log_run(run, result, files, tokenizer_dir, pair)
+    _report(result, version)
+
+
+def _ort_version() -> str:
+    import onnxruntime as ort
+
+    return ort.__version__
+
+
+def _report(result: dict, version: str | None) -> None:
+    line = (f"export: greedy parity {result['greedy_parity']:.1%}, beam-{result['beam_size']} "
+            f"parity {result['beam_parity']:.1%} on {result['parity_sentences']} test sentences; "
+            f"model.onnx {result['fp32_size_mb']} MB, BLEU {result['fp32_bleu']}, "
+            f"{result['fp32_sentences_per_s']} sent/s")
+    if "int8_bleu" in result:
+        line += (f"; model.int8.onnx {result['int8_size_mb']} MB, BLEU {result['int8_bleu']}, "
+                 f"{result['int8_sentences_per_s']} sent/s")
+    if version is not None:
+        line += f"; registered version {version}"
+    print(line)
+
+
+if __name__ == "__main__":
+    run_cli(app)

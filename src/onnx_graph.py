@@ -1,0 +1,311 @@
+"""One self-contained generation graph: encoder, KV-cached decoder and search in a single file.
+
+Two subgraphs exported with `torch.onnx.export` sit under one `com.microsoft.BeamSearch` node
+(model_type=1, encoder-decoder), in ONNX Runtime's newer T5 layout (names and attributes follow
+onnxruntime/transformers/convert_generation.py, which we cannot import: it needs transformers):
+
+* encoder subgraph: `encoder_input_ids`, `encoder_attention_mask` (B, S) int32
+  -> `present_key_cross_i`, `present_value_cross_i` (B, H, S, d_head) per decoder layer
+  (`Transformer.encode` + `Transformer.cross_kv`);
+* decoder subgraph: `input_ids` (B, 1), `encoder_attention_mask`, `past_key_self_i`,
+  `past_value_self_i` (B, H, T, d_head), then `past_key_cross_i`, `past_value_cross_i`
+  -> `logits` (B, 1, V), `present_key_self_i`, `present_value_self_i` (B, H, T + 1, d_head)
+  (`Transformer.decode_step`; the position is T, the length of `past_key_self_0`).
+
+The outer graph is what any ONNX Runtime client calls with one `session.run`:
+
+    input_ids            int32 (B, S)  source ids ending with EOS, right-padded with PAD
+    max_length           int32 (1,)    generated tokens + 1 (the BOS start token counts)
+    min_length           int32 (1,)    same convention; 0 for none
+    num_beams            int32 (1,)    1 = greedy (with early_stopping=1 this is exact greedy)
+    num_return_sequences int32 (1,)
+    length_penalty       float (1,)    score = sum(log p) / length**length_penalty
+    repetition_penalty   float (1,)    1.0 = none
+    -> sequences         int32 (B, num_return_sequences, T): BOS, tokens, then PAD (no EOS)
+
+The source attention mask is computed inside the graph from `input_ids != PAD`, because ORT's
+own mask only handles left padding. PAD, BOS and UNK logits are set to -inf inside the decoder,
+as `src.search` does, so both searches see the same log-probabilities.
+Metadata (special ids, languages, limits, tokenizer fingerprints) goes into metadata_props.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import Tensor, nn
+
+from src.model import Transformer
+from src.vocab import BOS, EOS, PAD, UNK
+
+BANNED = (PAD, BOS, UNK)
+GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract above changes
+IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
+MS_DOMAIN = "com.microsoft"
+SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
+
+SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
+                 "length_penalty", "repetition_penalty"]
+
+
+def cross_names(n_layers: int, prefix: str) -> list[str]:
+    return [f"{prefix}_{kv}_cross_{i}" for i in range(n_layers) for kv in ("key", "value")]
+
+
+def self_names(n_layers: int, prefix: str) -> list[str]:
+    return [f"{prefix}_{kv}_self_{i}" for i in range(n_layers) for kv in ("key", "value")]
+
+
+class CrossAttentionKV(nn.Module):
+    """Encoder subgraph: source ids and mask -> every decoder layer's cross-attention K/V."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, encoder_input_ids: Tensor, encoder_attention_mask: Tensor):
+        # The mask is ids != PAD already; routing it through keeps it a used graph input.
+        src = torch.where(encoder_attention_mask.bool(), encoder_input_ids.long(), PAD)  # (B, S)
+        memory, _ = self.model.encode(src)
+        return tuple(t for kv in self.model.cross_kv(memory) for t in kv)  # 2L x (B, H, S, dh)
+
+
+class DecoderStep(nn.Module):
+    """Decoder subgraph: one token with the self-attention cache -> logits and the grown cache."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+        banned = torch.zeros(model.config["tgt_vocab"], dtype=torch.bool)
+        banned[list(BANNED)] = True
+        self.register_buffer("banned", banned, persistent=False)
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, kv: tuple[Tensor, ...]):
+        n = len(self.model.decoder)
+        past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]  # (B, H, T, dh) each
+        cross = [(kv[2 * (n + i)], kv[2 * (n + i) + 1]) for i in range(n)]  # (B, H, S, dh)
+        src_mask = (encoder_attention_mask != 0)[:, None, None, :]  # (B, 1, 1, S)
+        logits, cache = self.model.decode_step(input_ids.long(), past, cross, src_mask)
+        # -inf, as src.search does, so ORT's log-softmax equals PyTorch's on the other tokens.
+        logits = logits.masked_fill(self.banned, float("-inf"))
+        return (logits[:, None, :], *(t for kv_pair in cache for t in kv_pair))  # (B, 1, V), ...
+
+
+@contextlib.contextmanager
+def _quiet_export():
+    """torch.onnx prints progress, warns about torchvision, quantize_dynamic logs advice: hush."""
+    names = ("", "torch.onnx", "torch.export", "onnxscript")  # "": quantize_dynamic's root logs
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def export_subgraphs(model: Transformer, opset: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The encoder and decoder-step subgraphs of `model` (eval mode, CPU, float32)."""
+    model = model.eval().float().cpu()
+    n_layers, heads, d_head = len(model.decoder), model.n_heads, model.d_head
+    # Example sizes avoid 0 and 1, which torch.export would specialise into constants.
+    batch, src_len, past_len = 2, 5, 3
+    ids = torch.full((batch, src_len), 4, dtype=torch.int32)
+    mask = torch.ones(batch, src_len, dtype=torch.int32)
+    b, s, t = torch.export.Dim("batch"), torch.export.Dim("src_len"), torch.export.Dim("past_len")
+    with _quiet_export(), torch.no_grad():
+        encoder = torch.onnx.export(
+            CrossAttentionKV(model), (ids, mask), dynamo=True, opset_version=opset,
+            input_names=["encoder_input_ids", "encoder_attention_mask"],
+            output_names=cross_names(n_layers, "present"),
+            dynamic_shapes=({0: b, 1: s}, {0: b, 1: s})).model_proto
+        past = [torch.zeros(batch, heads, past_len, d_head) for _ in range(2 * n_layers)]
+        cross = [torch.zeros(batch, heads, src_len, d_head) for _ in range(2 * n_layers)]
+        tokens = torch.full((batch, 1), BOS, dtype=torch.int32)
+        decoder = torch.onnx.export(
+            DecoderStep(model), (tokens, mask, (*past, *cross)), dynamo=True,
+            opset_version=opset,
+            input_names=["input_ids", "encoder_attention_mask",
+                         *self_names(n_layers, "past"), *cross_names(n_layers, "past")],
+            output_names=["logits", *self_names(n_layers, "present")],
+            dynamic_shapes=({0: b}, {0: b, 1: s},
+                            (*({0: b, 2: t} for _ in past), *({0: b, 2: s} for _ in cross)))
+        ).model_proto
+    for graph in (encoder.graph, decoder.graph):  # readable dim names for the grown cache
+        for value in graph.output:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param") and dim.dim_param.startswith("past_len"):
+                    dim.dim_param = "past_len_plus_1"
+    return encoder, decoder
+
+
+def quantize_subgraph(model: onnx.ModelProto, work_dir: Path) -> onnx.ModelProto:
+    """Dynamic int8 weights for one subgraph (quantizing the assembled file would skip them)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    fp32, int8 = work_dir / "fp32.onnx", work_dir / "int8.onnx"
+    onnx.save(model, fp32)
+    with _quiet_export():
+        quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8)
+    quantized = onnx.load(int8)
+    fp32.unlink()
+    int8.unlink()
+    return quantized
+
+
+def _tensor_key(tensor: TensorProto) -> tuple:
+    data = numpy_helper.to_array(tensor)
+    return tensor.data_type, tuple(tensor.dims), hashlib.sha256(data.tobytes()).hexdigest()
+
+
+def _rename_inputs(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in mapping:
+                node.input[i] = mapping[name]
+
+
+def share_initializers(encoder: onnx.GraphProto,
+                       decoder: onnx.GraphProto) -> list[TensorProto]:
+    """Move tensors both subgraphs hold (the tied embedding) to the outer graph, stored once."""
+    in_decoder = {_tensor_key(t): t for t in decoder.initializer
+                  if int(np.prod(t.dims)) >= SHARE_MIN_ELEMENTS}
+    shared: list[TensorProto] = []
+    for tensor in list(encoder.initializer):
+        match = in_decoder.get(_tensor_key(tensor)) if tensor.dims else None
+        if match is None or int(np.prod(tensor.dims)) < SHARE_MIN_ELEMENTS:
+            continue
+        name = f"shared_{len(shared)}"
+        _rename_inputs(encoder, {tensor.name: name})
+        _rename_inputs(decoder, {match.name: name})
+        encoder.initializer.remove(tensor)
+        decoder.initializer.remove(match)
+        outer = TensorProto()
+        outer.CopyFrom(tensor)
+        outer.name = name
+        shared.append(outer)
+        # ORT needs the type of an outer-scope value declared inside each subgraph.
+        info = helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
+        encoder.value_info.append(info)
+        decoder.value_info.append(info)
+    return shared
+
+
+def untranspose_tied_projection(graph: onnx.GraphProto) -> None:
+    """Drop the stored transpose of the tied embedding: MatMul by Transpose(embedding) instead.
+
+    The exporter folds `generator.weight.T` into a second copy of the (V, D) embedding; with a
+    Transpose node the file holds the matrix once and ONNX Runtime folds it again at load time.
+    """
+    def key(array: np.ndarray) -> tuple:
+        return array.shape, hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+    tensors = {t.name: t for t in graph.initializer}
+    transposed = {key(numpy_helper.to_array(t).T): t.name for t in graph.initializer
+                  if len(t.dims) == 2 and int(np.prod(t.dims)) >= SHARE_MIN_ELEMENTS}
+    for node in list(graph.node):
+        weight = tensors.get(node.input[1]) if node.op_type == "MatMul" else None
+        if weight is None or len(weight.dims) != 2:
+            continue
+        original = transposed.get(key(numpy_helper.to_array(weight)))
+        if original is None or original == weight.name:
+            continue
+        node.input[1] = f"{original}_transposed"
+        graph.node.insert(0, helper.make_node("Transpose", [original], [node.input[1]],
+                                              perm=[1, 0]))
+        graph.initializer.remove(weight)
+
+
+def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
+             metadata: dict[str, str]) -> onnx.ModelProto:
+    """Encoder + decoder under one BeamSearch node, with the source mask built from PAD."""
+    encoder, decoder = onnx.ModelProto.FromString(encoder.SerializeToString()), \
+        onnx.ModelProto.FromString(decoder.SerializeToString())  # work on copies
+    encoder.graph.name, decoder.graph.name = "encoder", "decoder"
+    untranspose_tied_projection(decoder.graph)
+    shared = share_initializers(encoder.graph, decoder.graph)
+    search = helper.make_node(
+        "BeamSearch", [*SEARCH_INPUTS, "", "", "attention_mask"], ["sequences"],
+        name="BeamSearch", domain=MS_DOMAIN,
+        eos_token_id=EOS, pad_token_id=PAD, decoder_start_token_id=BOS,
+        no_repeat_ngram_size=0, early_stopping=1, model_type=1,
+        encoder=encoder.graph, decoder=decoder.graph)
+    nodes = [
+        helper.make_node("Equal", ["input_ids", "pad_id"], ["is_pad"]),
+        helper.make_node("Not", ["is_pad"], ["is_token"]),
+        helper.make_node("Cast", ["is_token"], ["attention_mask"], to=TensorProto.INT32),
+        search,
+    ]
+    scalar = {"length_penalty": TensorProto.FLOAT, "repetition_penalty": TensorProto.FLOAT}
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32,
+                                            ["batch_size", "sequence_length"])]
+    inputs += [helper.make_tensor_value_info(name, scalar.get(name, TensorProto.INT32), [1])
+               for name in SEARCH_INPUTS[1:]]
+    outputs = [helper.make_tensor_value_info(
+        "sequences", TensorProto.INT32, ["batch_size", "num_return_sequences", "max_length"])]
+    pad_id = helper.make_tensor("pad_id", TensorProto.INT32, [], [PAD])
+    graph = helper.make_graph(nodes, "nmt generation", inputs, outputs, [pad_id, *shared])
+    opsets = [o for o in decoder.opset_import if o.domain != MS_DOMAIN]
+    opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="nmt-pipeline",
+                              ir_version=IR_VERSION)
+    helper.set_model_props(model, {k: str(v) for k, v in metadata.items()})
+    return model
+
+
+def build(model: Transformer, metadata: dict[str, str], opset: int,
+          int8_work_dir: Path | None = None) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
+    """The fp32 generation model and, given a scratch dir, its int8-weight twin."""
+    encoder, decoder = export_subgraphs(model, opset)
+    fp32 = assemble(encoder, decoder, metadata)
+    if int8_work_dir is None:
+        return fp32, None
+    int8 = assemble(quantize_subgraph(encoder, int8_work_dir),
+                    quantize_subgraph(decoder, int8_work_dir),
+                    {**metadata, "weights": "int8"})
+    return fp32, int8
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def tokenizer_metadata(tokenizer_dir: Path) -> dict[str, str]:
+    """Fingerprints that `src.infer` compares with the tokenizer it finds beside the model."""
+    return {"source_tokenizer_sha256": file_sha256(Path(tokenizer_dir) / "source.model"),
+            "target_tokenizer_sha256": file_sha256(Path(tokenizer_dir) / "target.model")}
+
+
+def search_feeds(src: np.ndarray, max_new_tokens: int, beam: int,
+                 length_penalty: float) -> dict[str, np.ndarray]:
+    """Inputs of one `session.run`: src (B, S) ids with EOS, right-padded with PAD."""
+    return {
+        "input_ids": src.astype(np.int32),
+        "max_length": np.array([max_new_tokens + 1], np.int32),  # + the BOS start token
+        "min_length": np.array([0], np.int32),
+        "num_beams": np.array([beam], np.int32),
+        "num_return_sequences": np.array([1], np.int32),
+        "length_penalty": np.array([length_penalty], np.float32),
+        "repetition_penalty": np.array([1.0], np.float32),
+    }
+
+
+def run_search(session, src: np.ndarray, max_new_tokens: int, beam: int,
+               length_penalty: float) -> list[list[int]]:
+    """Token ids per row, BOS and padding removed (the graph never writes EOS)."""
+    sequences = session.run(None, search_feeds(src, max_new_tokens, beam, length_penalty))[0]
+    return [[int(t) for t in row[0, 1:] if t != PAD] for row in sequences]  # (B, 1, T) -> rows

@@ -1,0 +1,258 @@
+"""export + infer on a tiny trained model: the single-file ONNX graph decodes exactly as
+`src.search` does (greedy token for token, beam on the top hypothesis), the export stage writes
+what it promises, and `python -m src.infer` handles text, stdin, files and bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import REPO, assert_one_line_error, run_stage, scratch_root
+from toy_corpus import toy_pairs
+
+from src import checkpoint, onnx_graph
+from src.batching import clip_source, make_batch, pad
+from src.model import Transformer
+from src.search import beam_search, greedy_search, max_output_length
+from src.vocab import META, train_spm
+
+MAX_POSITIONS = 48
+EXPORT = {"parity_sentences": 60, "batch_size": 16, "beam_size": 3, "quantize": True}
+
+
+def train_tiny(sp, pairs: list[tuple[str, str]], steps: int = 150) -> Transformer:
+    """d_model 32, 2+2 layers, trained just enough to emit EOS and real words."""
+    torch.manual_seed(0)
+    vocab = sp.get_piece_size()
+    model = Transformer(vocab, vocab, d_model=32, n_heads=4, n_layers=2, ffn_dim=64,
+                        dropout=0.0, max_positions=MAX_POSITIONS, share_source_embedding=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    src, tgt = sp.encode([e for e, _ in pairs]), sp.encode([z for _, z in pairs])
+    rng = random.Random(0)
+    for _ in range(steps):
+        idx = rng.sample(range(len(pairs)), 48)
+        batch = make_batch([src[i] for i in idx], [tgt[i] for i in idx], MAX_POSITIONS)
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def write_tokenizer(directory: Path, model_bytes: bytes) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "source.model").write_bytes(model_bytes)
+    (directory / "target.model").write_bytes(model_bytes)
+    (directory / META).write_text(json.dumps({"source_lang": "en", "target_lang": "zh",
+                                              "shared_vocab": True, "pad_id": 0, "unk_id": 1,
+                                              "bos_id": 2, "eos_id": 3}))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and oversubscribed cores make them crawl."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, one_thread) -> Path:
+    """A scratch project root with tokenizer, model.pt and a test split, then `src.export`."""
+    import sentencepiece as spm
+    from datasets import Dataset, DatasetDict
+
+    pairs = toy_pairs()
+    random.Random(0).shuffle(pairs)
+    test, train = pairs[:80], pairs[80:]
+    spm_bytes = train_spm([s for p in train for s in p], vocab_size=120, model_type="unigram",
+                          character_coverage=1.0, byte_fallback=False, seed=0)
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    root = scratch_root(tmp_path_factory.mktemp("export"), export=EXPORT)
+    write_tokenizer(root / "models" / "tokenizer", spm_bytes)
+    model = train_tiny(sp, train)
+    checkpoint.save({"model": model.state_dict(), "config": model.config},
+                    root / "models" / "model.pt")
+    columns = {"source": [e for e, _ in test], "target": [z for _, z in test]}
+    columns |= {"source_ids": sp.encode(columns["source"]),
+                "target_ids": sp.encode(columns["target"])}
+    DatasetDict({"test": Dataset.from_dict(columns)}).save_to_disk(str(root / "data/tokenized"))
+    result = run_stage(root, "export")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def infer(project: Path, *args: str, stdin: str | None = None, model: Path | None = None):
+    model = model or project / "models/model.onnx"
+    return run_stage(project, "infer", "--onnx", str(model), *args, stdin=stdin)
+
+
+def session(path: Path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def test_export_writes_a_verified_single_file(project):
+    metrics = json.loads((project / "models/export_metrics.json").read_text())
+    assert metrics["greedy_parity"] == 1.0
+    assert metrics["beam_parity"] >= 0.95
+    assert metrics["parity_sentences"] == 60 and metrics["test_sentences"] == 80
+    assert metrics["fp32_bleu"] > 0 and metrics["int8_bleu"] > 0
+    assert metrics["fp32_provider"] == "CPUExecutionProvider"
+    for name in ("model.onnx", "model.int8.onnx"):
+        path = project / "models" / name
+        onnx.checker.check_model(str(path))
+        graph = onnx.load(str(path)).graph
+        assert [n.op_type for n in graph.node][-1] == "BeamSearch"  # search inside the file
+    assert not list((project / "models").glob(".*"))  # no temporary file left behind
+
+
+def test_metadata_and_inputs_follow_the_contract(project):
+    sess = session(project / "models/model.onnx")
+    meta = sess.get_modelmeta().custom_metadata_map
+    assert {k: meta[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")} == \
+        {"pad_id": "0", "unk_id": "1", "bos_id": "2", "eos_id": "3"}
+    assert (meta["source_lang"], meta["target_lang"]) == ("en", "zh")
+    assert meta["format"] == onnx_graph.GRAPH_FORMAT
+    assert int(meta["max_source_tokens"]) == MAX_POSITIONS
+    assert meta["source_tokenizer_sha256"] == onnx_graph.file_sha256(
+        project / "models/tokenizer/source.model")
+    assert [i.name for i in sess.get_inputs()] == onnx_graph.SEARCH_INPUTS  # ORT-standard
+
+
+def test_greedy_and_beam_match_pytorch_in_every_batch_shape(project):
+    """Same tokens as src.search on mixed lengths, single rows and odd batch sizes."""
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    sess = session(project / "models/model.onnx")
+    from datasets import load_from_disk
+
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])
+    rows = [[5, 3]] + sources[:40]  # an unusual 1-token source first
+    same_beam = total = 0
+    for size in (1, 7, 17):
+        for start in range(0, 10 if size == 1 else len(rows), size):
+            src = pad([clip_source(r, MAX_POSITIONS) for r in rows[start: start + size]])
+            max_len = max_output_length(src, 2.0, model)
+            got = onnx_graph.run_search(sess, src.numpy(), max_len, 1, 1.0)
+            assert got == greedy_search(model, src, max_len)  # token for token
+            got = onnx_graph.run_search(sess, src.numpy(), max_len, 3, 1.0)
+            same_beam += sum(a == b for a, b in zip(got, beam_search(model, src, 3, max_len)))
+            total += len(got)
+    assert total == 10 + 2 * len(rows)
+    assert same_beam >= 0.95 * total
+
+
+def test_max_length_cuts_output_like_pytorch(project):
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    sess = session(project / "models/model.onnx")
+    src = pad([[10, 11, 12, 3], [13, 3]])
+    for max_len in (1, 3):
+        assert onnx_graph.run_search(sess, src.numpy(), max_len, 1, 1.0) == \
+            greedy_search(model, src, max_len)
+
+
+def test_infer_translates_a_sentence_argument(project):
+    result = infer(project, "I have three cats.", "--beam", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1 and result.stdout.strip()
+    assert "CPUExecutionProvider" in result.stderr  # says which provider ran
+
+
+def test_infer_stdin_keeps_empty_lines_and_warns_on_long_ones(project):
+    long_line = " ".join(["She likes three dogs."] * 30)  # far past 48 tokens
+    text = "I have three cats.\n\nWe see two birds.\n" + long_line + "\n"
+    result = infer(project, stdin=text)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert len(lines) == 5 and lines[4] == ""  # 4 lines in, 4 out (+ final newline)
+    assert lines[0] and lines[1] == "" and lines[2] and lines[3]
+    assert "warning: line 4" in result.stderr and "truncated" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_infer_file_in_batches_equals_line_by_line(project, tmp_path):
+    source = tmp_path / "en.txt"
+    source.write_text("He sees one bird.\nThey like ten horses.\n\nYou have four fish.\n")
+    out = tmp_path / "zh.txt"
+    result = infer(project, "--input", str(source), "--output", str(out), "--batch-size", "2")
+    assert result.returncode == 0, result.stderr
+    batched = out.read_text().split("\n")
+    assert len(batched) == 5 and batched[2] == ""
+    one_by_one = infer(project, stdin=source.read_text()).stdout.split("\n")
+    assert batched == one_by_one
+
+
+def test_infer_errors_are_one_line(project, tmp_path):
+    assert_one_line_error(infer(project, "hi", model=tmp_path / "missing.onnx"),
+                          "model not found")
+    corrupt = tmp_path / "corrupt" / "model.onnx"
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"\x08\x07 this is not a protobuf" * 10)
+    shutil.copytree(project / "models/tokenizer", corrupt.parent / "tokenizer")
+    assert_one_line_error(infer(project, "hi", model=corrupt), "cannot load model")
+    assert_one_line_error(infer(project, "hi", "--provider", "tpu"), "--provider")
+
+
+def test_infer_refuses_a_tokenizer_that_does_not_match(project, tmp_path):
+    other = train_spm([e for e, _ in toy_pairs()], vocab_size=60, model_type="unigram",
+                      character_coverage=1.0, byte_fallback=False, seed=0)
+    write_tokenizer(tmp_path / "tok", other)
+    result = infer(project, "hi", "--tokenizer", str(tmp_path / "tok"))
+    assert_one_line_error(result, "does not match the model")
+    lonely = tmp_path / "alone" / "model.onnx"
+    lonely.parent.mkdir()
+    shutil.copy(project / "models/model.onnx", lonely)
+    assert_one_line_error(infer(project, "hi", model=lonely), "tokenizer not found")
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="a GPU is present")
+def test_infer_cuda_without_gpu_is_a_clear_error(project):
+    assert_one_line_error(infer(project, "hi", "--provider", "cuda"), "not available")
+
+
+def test_infer_imports_neither_torch_nor_training_code():
+    code = ("import sys, src.infer; heavy = {'torch', 'onnx', 'datasets', 'src.model', "
+            "'src.search', 'src.onnx_graph'} & set(sys.modules); print(sorted(heavy))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_int8_model_runs_through_infer(project):
+    result = infer(project, "She sees five rabbits.", model=project / "models/model.int8.onnx")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert np.isfinite(json.loads((project / "models/export_metrics.json").read_text())
+                       ["int8_sentences_per_s"])
+
+
+def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
+    """A decoder rigged so UNK, then BOS, get the largest logit: both searches must skip them."""
+    from src.vocab import BOS, UNK
+
+    torch.manual_seed(0)
+    model = Transformer(40, 40, d_model=16, n_heads=2, n_layers=1, ffn_dim=32, dropout=0.0,
+                        max_positions=32, tie_embeddings=False).eval()
+    with torch.no_grad():
+        model.dec_norm.weight.fill_(0.01)
+        model.dec_norm.bias.fill_(1.0)  # every decoder state ~ (1, ..., 1)
+        model.generator.weight[UNK] = 5.0  # logit ~ 80: UNK would win every step
+        model.generator.weight[BOS] = 4.0
+    path = tmp_path / "rigged.onnx"
+    onnx.save(onnx_graph.assemble(*onnx_graph.export_subgraphs(model, 18), {}), path)
+    src = pad([[7, 8, 9, 3], [10, 3]])
+    got = onnx_graph.run_search(session(path), src.numpy(), 6, 1, 1.0)
+    assert got == greedy_search(model, src, 6)
+    assert all(tok not in (0, BOS, UNK) for row in got for tok in row) and got[0]
