@@ -11,6 +11,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A model and corpus small enough that each stage takes seconds on the toy corpus.
+TINY_PARAMS = {
+    "split": {"valid_size": 0.1, "test_size": 0.1},
+    "tokenize": {"vocab_size": 120, "byte_fallback": False, "character_coverage": 1.0},
+    "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "ffn_dim": 64, "max_positions": 64},
+}
+
 
 def scratch_root(tmp_path: Path, **overrides: dict) -> Path:
     """A directory with the committed params.yaml, sections updated from `overrides`."""

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import TINY_PARAMS
 from toy_corpus import toy_tsv
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = {
-    "split": {"valid_size": 0.1, "test_size": 0.1},
-    "tokenize": {"vocab_size": 120, "byte_fallback": False, "character_coverage": 1.0},
-    "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "ffn_dim": 64, "max_positions": 64},
+    **TINY_PARAMS,
     "train": {
         "epochs": 2,
         "max_tokens": 1000,
@@ -107,6 +106,9 @@ def test_every_stage_wrote_its_outputs(project):
     rows = (project / "data/eval/translations.tsv").read_text(encoding="utf-8").splitlines()
     assert rows[0] == "source\treference\thypothesis"
     assert len(rows) == 1 + len(splits["test"])
+    assert (project / "models/model.onnx").exists()
+    exported = json.loads((project / "models/export_metrics.json").read_text())
+    assert exported["greedy_parity"] == 1.0
 
 
 def test_mlflow_runs_are_grouped_and_complete(project):
@@ -114,7 +116,7 @@ def test_mlflow_runs_are_grouped_and_complete(project):
 
     runs = mlflow_runs(project)
     stages = {r.data.tags.get("stage"): r for r in runs if r.data.tags.get("kind") == "stage"}
-    assert {"download", "split", "tokenize", "train", "evaluate"} <= set(stages)
+    assert {"download", "split", "tokenize", "train", "evaluate", "export"} <= set(stages)
     groups = {r.data.tags["repro_id"] for r in stages.values()}
     assert len(groups) == 1
     parents = [r for r in runs if r.data.tags.get("kind") == "repro"]

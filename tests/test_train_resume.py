@@ -9,12 +9,10 @@ import sys
 import time
 
 import pytest
-from helpers import REPO, assert_one_line_error, run_stage, scratch_root
+from helpers import REPO, TINY_PARAMS, assert_one_line_error, run_stage, scratch_root
 
 TINY = {
-    "split": {"valid_size": 0.1, "test_size": 0.1},
-    "tokenize": {"vocab_size": 120, "byte_fallback": False, "character_coverage": 1.0},
-    "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "ffn_dim": 64, "max_positions": 64},
+    **TINY_PARAMS,
     "train": {
         "epochs": 50,
         "max_steps": 40,
