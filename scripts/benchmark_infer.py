@@ -88,9 +88,20 @@ def batches(sources: list[list[int]], size: int, max_positions: int) -> list[tor
             for i in range(0, len(ordered), size)]
 
 
+def busy_cpu_seconds() -> float:
+    """CPU time all processes used so far (Linux /proc/stat; 0 elsewhere)."""
+    try:
+        with open("/proc/stat") as fh:
+            ticks = [int(x) for x in fh.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+
+
 def time_config(run, work: list[torch.Tensor], beam: int, model, max_seconds: float) -> dict:
     run(work[0], beam, max_output_length(work[0], 2.0, model))  # warm-up, not timed
     sentences = tokens = 0
+    busy, own = busy_cpu_seconds(), time.process_time()
     start = time.perf_counter()
     for src in work:
         out = run(src, beam, max_output_length(src, 2.0, model))
@@ -99,7 +110,10 @@ def time_config(run, work: list[torch.Tensor], beam: int, model, max_seconds: fl
         if time.perf_counter() - start > max_seconds:
             break
     seconds = time.perf_counter() - start
-    return {"sentences": sentences, "sent_s": sentences / seconds, "tok_s": tokens / seconds}
+    # CPUs' worth of time other processes used meanwhile: > 0.1 means a contended number.
+    foreign = max(0.0, busy_cpu_seconds() - busy - (time.process_time() - own)) / seconds
+    return {"sentences": sentences, "sent_s": sentences / seconds, "tok_s": tokens / seconds,
+            "foreign_cpu": foreign}
 
 
 def load_sources(split_dir: Path, n: int) -> list[list[int]]:
@@ -153,15 +167,16 @@ def main() -> None:
                     rows.append({"system": system, "threads": t, "beam": beam, "batch": size,
                                  **r})
                     print(f"  {system:<13} threads={t} beam={beam} batch={size:<3} "
-                          f"{r['sent_s']:8.2f} sent/s ({r['sentences']} sentences)", flush=True)
+                          f"{r['sent_s']:8.2f} sent/s ({r['sentences']} sentences, "
+                          f"foreign CPU {r['foreign_cpu']:.2f})", flush=True)
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in rows if r["system"] == "torch-nocache"}
-    print("\n| system | threads | beam | batch | sent/s | tok/s | x torch-nocache |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| system | threads | beam | batch | sent/s | tok/s | x torch-nocache | foreign CPU |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = base.get((r["beam"], r["batch"]))
         ratio_text = f"{r['sent_s'] / ratio:.2f}" if ratio else "n/a"
         print(f"| {r['system']} | {r['threads']} | {r['beam']} | {r['batch']} | "
-              f"{r['sent_s']:.2f} | {r['tok_s']:.1f} | {ratio_text} |")
+              f"{r['sent_s']:.2f} | {r['tok_s']:.1f} | {ratio_text} | {r['foreign_cpu']:.2f} |")
 
 
 if __name__ == "__main__":

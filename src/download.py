@@ -1,8 +1,13 @@
-"""download: fetch the parallel corpus -> data/raw/corpus.tsv (+ download.json with size/sha256).
+"""download: fetch the parallel corpus -> data/raw/corpus.tsv, test.tsv (+ download.json).
 
-Reads params `download.url`, `download.member`, `download.timeout_s`. The URL may be http(s)
-(sent with a browser-like User-Agent: manythings.org refuses bare clients), `file://`, or a
-local path; the payload may be a zip archive (the member is extracted) or a plain TSV.
+Reads params `pair.*` and `download.*`. A URL may be http(s) (sent with a browser-like
+User-Agent: manythings.org refuses bare clients), `file://`, or a local path; the payload may be
+a zip archive (the member is extracted) or a plain TSV. A URL holding `{lang}` names one plain
+text file per language, aligned line by line (train.en + train.vi style); they are joined into
+the same TSV layout, each side in its `pair.*_column`.
+
+`download.test_url` optionally names a predefined test set in the same forms; it is written to
+data/raw/test.tsv, which is empty when the test split is to be carved out of the corpus.
 Outputs are written atomically: a failure never leaves a half file behind.
 """
 
@@ -24,7 +29,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from src import paths, tracking
 from src.atomic import atomic_path, write_json
 from src.errors import PipelineError, run_cli
-from src.params import DownloadParams, load_params
+from src.params import DownloadParams, PairParams, load_params
 
 USER_AGENT = (
     "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
@@ -107,36 +112,87 @@ def extract_corpus(payload: Path, member: str) -> bytes:
     return data
 
 
-@app.command()
-def main(
-    out: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV to write."),
-    meta: Path = typer.Option(paths.RAW_META, help="JSON with url, size and sha256."),
-) -> None:
-    """Download the corpus named by params `download.url` (http(s), file:// or a local path;
-    zip or plain TSV) and write it as one UTF-8 TSV, atomically."""
-    cfg: DownloadParams = load_params("download")
-    with tracking.stage_run("download", {"download": cfg.model_dump()}) as run:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".download.") as tmp_dir:
-            payload = Path(tmp_dir) / "payload"
-            fetch(cfg.url, payload, cfg.timeout_s)
-            raw_sha = hashlib.sha256(payload.read_bytes()).hexdigest()
-            corpus = extract_corpus(payload, cfg.member)
-            payload_size = payload.stat().st_size
-        with atomic_path(out) as tmp:
-            tmp.write_bytes(corpus)
-        info = {
-            "url": cfg.url,
-            "payload_bytes": payload_size,
-            "payload_sha256": raw_sha,
+def read_text_file(payload: Path, url: str) -> list[str]:
+    """Lines of one side of a parallel corpus (UTF-8, a leading BOM dropped)."""
+    try:
+        text = payload.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise PipelineError(f"{url} is not UTF-8 text") from None
+    return text.splitlines()
+
+
+def join_sides(sides: dict[int, list[str]], urls: list[str]) -> bytes:
+    """Aligned one-sentence-per-line files -> TSV bytes, each side in its column."""
+    lengths = {len(lines) for lines in sides.values()}
+    if len(lengths) != 1:
+        counts = ", ".join(f"{u}: {len(lines):,}" for u, lines in zip(urls, sides.values()))
+        raise PipelineError(f"parallel files differ in line count ({counts})")
+    width = max(sides) + 1
+    rows = []
+    for i in range(lengths.pop()):
+        cols = [""] * width
+        for column, lines in sides.items():
+            cols[column] = lines[i].replace("\t", " ")
+        rows.append("\t".join(cols))
+    return ("\n".join(rows) + "\n").encode("utf-8") if rows else b""
+
+
+def fetch_corpus(url: str, cfg: DownloadParams, pair: PairParams, tmp_dir: Path) -> dict:
+    """Fetch one corpus (a zip/TSV, or one file per language) -> TSV bytes and provenance."""
+    langs = {pair.source_column: pair.source_lang, pair.target_column: pair.target_lang}
+    urls = [url.format(lang=lang) for lang in langs.values()] if "{lang}" in url else [url]
+    payloads = []
+    for i, one_url in enumerate(urls):
+        payloads.append(Path(tmp_dir) / f"payload{i}")
+        fetch(one_url, payloads[-1], cfg.timeout_s)
+    if len(urls) == 1:
+        corpus = extract_corpus(payloads[0], cfg.member)
+    else:
+        sides = {col: read_text_file(p, u) for col, p, u in zip(langs, payloads, urls)}
+        corpus = join_sides(sides, urls)
+    return {
+        "corpus": corpus,
+        "info": {
+            "urls": urls,
+            "payload_sha256": [hashlib.sha256(p.read_bytes()).hexdigest() for p in payloads],
             "corpus_bytes": len(corpus),
             "corpus_sha256": hashlib.sha256(corpus).hexdigest(),
             "corpus_lines": corpus.count(b"\n"),
-        }
+        },
+    }
+
+
+@app.command()
+def main(
+    out: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV to write."),
+    test_out: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (empty if none)."),
+    meta: Path = typer.Option(paths.RAW_META, help="JSON with urls, sizes and sha256s."),
+) -> None:
+    """Download the corpus named by params `download.url` (http(s), file:// or a local path;
+    zip, plain TSV, or one text file per language via `{lang}`) and the optional predefined
+    test set `download.test_url`; write each as one UTF-8 TSV, atomically."""
+    pair, cfg = load_params("pair", "download")
+    pair: PairParams
+    cfg: DownloadParams
+    params = {"pair": pair.model_dump(), "download": cfg.model_dump()}
+    with tracking.stage_run("download", params) as run:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".download.") as tmp_dir:
+            corpus = fetch_corpus(cfg.url, cfg, pair, Path(tmp_dir))
+            test = fetch_corpus(cfg.test_url, cfg, pair, Path(tmp_dir)) if cfg.test_url else None
+        with atomic_path(out) as tmp:
+            tmp.write_bytes(corpus["corpus"])
+        with atomic_path(test_out) as tmp:
+            tmp.write_bytes(test["corpus"] if test else b"")
+        info = {"corpus": corpus["info"], "test": test["info"] if test else None}
         write_json(meta, info)
-        run.log_metrics({"corpus_bytes": len(corpus), "corpus_lines": info["corpus_lines"]})
-        run.set_tags({"corpus_sha256": info["corpus_sha256"]})
-    print(f"wrote {out} ({len(corpus):,} bytes, sha256 {info['corpus_sha256'][:12]}…)")
+        lines = {"corpus_lines": corpus["info"]["corpus_lines"],
+                 "test_lines": test["info"]["corpus_lines"] if test else 0}
+        run.log_metrics({"corpus_bytes": corpus["info"]["corpus_bytes"], **lines})
+        run.set_tags({"corpus_sha256": corpus["info"]["corpus_sha256"]})
+    sha = corpus["info"]["corpus_sha256"]
+    print(f"wrote {out} ({corpus['info']['corpus_bytes']:,} bytes, sha256 {sha[:12]}…)"
+          + (f" and {test_out} ({lines['test_lines']:,} lines)" if test else ""))
 
 
 if __name__ == "__main__":

@@ -19,55 +19,13 @@ from rich.progress import Progress
 
 from src import checkpoint, paths, tracking
 from src.atomic import atomic_path, write_json
-from src.batching import clip_source, pad
 from src.errors import require_file, run_cli
+from src.metrics import bleu_tokenizer, score
 from src.params import EvaluateParams, PairParams, load_params
-from src.search import beam_search, max_output_length
+from src.search import translate_ids
 from src.vocab import load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
-
-
-def bleu_tokenizer(target_lang: str) -> str:
-    """sacreBLEU's tokenizer for a target language (character-level for CJK)."""
-    lang = target_lang.lower().split("-")[0]
-    if lang in {"zh", "cmn"}:
-        return "zh"
-    if lang in {"ja", "ko"}:
-        return "char"
-    return "13a"
-
-
-def score(hypotheses: list[str], references: list[str], target_lang: str) -> dict[str, float]:
-    import sacrebleu
-
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=bleu_tokenizer(target_lang))
-    chrf = sacrebleu.corpus_chrf(hypotheses, [references])
-    return {
-        "bleu": round(bleu.score, 2),
-        "chrf": round(chrf.score, 2),
-        "bleu_brevity_penalty": round(bleu.bp, 4),
-    }
-
-
-def translate_ids(
-    model, sources: list[list[int]], cfg: EvaluateParams, progress: Progress | None = None
-) -> list[list[int]]:
-    """Beam-search every source (id lists), batched by length; output order = input order."""
-    # Length-sorted batches pad little; results are written back in input order.
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-    out: list[list[int]] = [[] for _ in sources]
-    task = progress.add_task("translate", total=len(sources)) if progress else None
-    for idx in batches:
-        src = pad([clip_source(sources[i], model.max_positions) for i in idx])
-        max_len = max_output_length(src, cfg.max_length_ratio, model)
-        hyps = beam_search(model, src, cfg.beam_size, max_len, cfg.length_penalty)
-        for i, hyp in zip(idx, hyps):
-            out[i] = hyp
-        if progress:
-            progress.advance(task, len(idx))
-    return out
 
 
 @app.command()
@@ -100,7 +58,10 @@ def main(
     with tracking.stage_run("evaluate", params, deps=[model_path, split_dir]) as run:
         start = time.perf_counter()
         with Progress(transient=True) as progress:
-            hyp_ids = translate_ids(model, list(part["source_ids"]), cfg, progress)
+            hyp_ids = translate_ids(
+                model, list(part["source_ids"]), cfg.beam_size, cfg.length_penalty,
+                cfg.max_length_ratio, cfg.batch_size, progress,
+            )
         seconds = time.perf_counter() - start
         hypotheses = tok.decode_target(hyp_ids)
         result = score(hypotheses, references, pair.target_lang)

@@ -29,6 +29,7 @@ from src import checkpoint, onnx_graph, paths, tracking
 from src.atomic import atomic_path, write_json
 from src.batching import clip_source, pad
 from src.errors import PipelineError, require_file, run_cli
+from src.metrics import bleu
 from src.params import ExportParams, PairParams, load_params
 from src.search import beam_search, greedy_search, max_output_length
 from src.vocab import BOS, EOS, PAD, UNK, Tokenizers, load_tokenizers
@@ -115,15 +116,6 @@ def translate(session, sources: list[list[int]], model, cfg: ExportParams):
                                                      cfg.beam_size, cfg.length_penalty)):
             out[i] = hyp
     return out, time.perf_counter() - start
-
-
-def bleu(hypotheses: list[str], references: list[str], target_lang: str) -> float:
-    import sacrebleu
-
-    # sacreBLEU's tokenizer for the target language, the same choice as evaluate.bleu_tokenizer.
-    lang = target_lang.lower().split("-")[0]
-    tokenize = "zh" if lang in {"zh", "cmn"} else "char" if lang in {"ja", "ko"} else "13a"
-    return round(sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize).score, 2)
 
 
 def score_file(path: Path, model, tok: Tokenizers, part, pair: PairParams,

@@ -30,8 +30,9 @@ from src.errors import PipelineError, run_cli
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # src.onnx_graph.GRAPH_FORMAT of the files we can run
-# Measured on the 2-core dev machine (scripts/benchmark_infer.py --threads 1,2 on the default
-# model): see DEFAULT_THREADS_NOTE in the README table; 2 threads won at every batch size.
+# 1 vs 2 threads on the 2-core dev machine (default model, 256/1024 test sentences, 3 runs each,
+# sent/s): greedy batch 1 a tie (169-183 vs 161-200); beam 4 batch 1 93-103 vs 100-132;
+# greedy batch 32 679-698 vs 657-909; beam 4 batch 32 216-270 vs 321-327. So 2.
 DEFAULT_THREADS = 2
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 

@@ -30,7 +30,8 @@ class PairParams(Section):
 
 
 class DownloadParams(Section):
-    url: str = Field(min_length=1)
+    url: str = Field(min_length=1)  # "{lang}" in it: one text file per language
+    test_url: str  # a predefined test set in the same forms; "": split carves one out
     member: str  # file inside a zip archive; "" picks the largest .txt/.tsv member
     timeout_s: float = Field(gt=0)
 
@@ -77,8 +78,12 @@ class TrainParams(Section):
     weight_decay: float = Field(ge=0)
     label_smoothing: float = Field(ge=0, lt=1)
     clip_norm: float = Field(ge=0)  # 0: no clipping
+    max_minutes: float = Field(ge=0)  # training-time budget (validation excluded); 0: none
+    # What ranks epochs for early stopping, best.pt and averaging: greedy BLEU on the valid split
+    # (what users care about; the lowest-loss epoch is often not the best-BLEU one) or its loss.
+    select_by: Literal["bleu", "loss"]
     patience: int = Field(ge=0)  # epochs without valid improvement before stopping; 0: never
-    average_last: int = Field(ge=1)  # average the last N epoch checkpoints into model.pt
+    average_last: int = Field(ge=1)  # average the N best epoch checkpoints into model.pt
     threads: int = Field(ge=0)  # torch intra-op threads; 0: all cores
     log_every_steps: int = Field(gt=0)
 

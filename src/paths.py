@@ -16,6 +16,7 @@ MODELS = ROOT / "models"
 
 RAW = DATA / "raw"
 RAW_CORPUS = RAW / "corpus.tsv"
+RAW_TEST = RAW / "test.tsv"  # a predefined test set; empty when split carves one out
 RAW_META = RAW / "download.json"
 
 SPLIT = DATA / "split"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from src.batching import clip_source, pad
 from src.model import Transformer
 from src.vocab import BOS, EOS, PAD, UNK
 
@@ -125,3 +126,30 @@ def beam_search(
                         (s / history.shape[1] ** length_penalty, history[b * beam + k].tolist())
                     )
     return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+
+
+def translate_ids(
+    model: Transformer,
+    sources: list[list[int]],
+    beam: int,
+    length_penalty: float,
+    max_length_ratio: float,
+    batch_size: int,
+    progress=None,
+) -> list[list[int]]:
+    """Search every source (id lists) in length-sorted batches; output order = input order.
+
+    `progress` is an optional rich Progress to advance. beam 1 is greedy.
+    """
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # little padding
+    out: list[list[int]] = [[] for _ in sources]
+    task = progress.add_task("translate", total=len(sources)) if progress else None
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        src = pad([clip_source(sources[i], model.max_positions) for i in idx])
+        max_len = max_output_length(src, max_length_ratio, model)
+        for i, hyp in zip(idx, beam_search(model, src, beam, max_len, length_penalty)):
+            out[i] = hyp
+        if progress:
+            progress.advance(task, len(idx))
+    return out

@@ -1,10 +1,12 @@
-"""split: data/raw/corpus.tsv -> data/split/{train,valid,test} (a `datasets` DatasetDict).
+"""split: data/raw/{corpus,test}.tsv -> data/split/{train,valid,test} (a `datasets` DatasetDict).
 
 Reads params `pair.*` (which column is source/target) and `split.*`. Lines are cleaned,
 empty/malformed/over-long lines dropped and counted, exact duplicates removed, then the
 distinct *source sentences* are shuffled with `split.seed` and assigned to valid/test/train,
-so a sentence with several translations never straddles two splits. Counts go to
-data/split_metrics.json.
+so a sentence with several translations never straddles two splits. When `download` wrote a
+predefined test set (data/raw/test.tsv not empty), that is the test split, `split.test_size` is
+unused, and corpus pairs whose source sentence is in it are dropped from train and valid.
+Counts go to data/split_metrics.json.
 """
 
 from __future__ import annotations
@@ -68,12 +70,21 @@ def group_count(size: float, n_groups: int) -> int:
     return int(round(size * n_groups)) if size < 1 else int(size)
 
 
-def split_grouped(pairs: list[Pair], cfg: SplitParams) -> dict[str, list[Pair]]:
-    """Assign whole source-sentence groups to valid, test and train (in that order)."""
+def split_grouped(
+    pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = None
+) -> dict[str, list[Pair]]:
+    """Assign whole source-sentence groups to valid, test and train (in that order).
+
+    With a predefined `test`, only valid and train are carved out, and corpus pairs whose
+    source sentence is a test source are left out (counted by the caller).
+    """
+    if test:
+        test_sources = {src for src, _ in test}
+        pairs = [(s, t) for s, t in pairs if s not in test_sources]
     sources = sorted({src for src, _ in pairs})
     random.Random(cfg.seed).shuffle(sources)
     n_valid = group_count(cfg.valid_size, len(sources))
-    n_test = group_count(cfg.test_size, len(sources))
+    n_test = 0 if test else group_count(cfg.test_size, len(sources))
     if n_valid + n_test >= len(sources):
         raise PipelineError(
             f"split: valid ({n_valid}) + test ({n_test}) source sentences leave none of "
@@ -84,6 +95,8 @@ def split_grouped(pairs: list[Pair], cfg: SplitParams) -> dict[str, list[Pair]]:
     parts: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
     for src, tgt in pairs:
         parts[part_of.get(src, "train")].append((src, tgt))
+    if test:
+        parts["test"] = list(test)
     return parts
 
 
@@ -106,6 +119,7 @@ def write_parts(parts: dict[str, list[Pair]], out_dir: Path) -> None:
 @app.command()
 def main(
     corpus: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV from `download`."),
+    test_tsv: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (may be empty)."),
     out_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict directory to write."),
     metrics: Path = typer.Option(paths.SPLIT_METRICS, help="Counts JSON to write."),
 ) -> None:
@@ -122,10 +136,19 @@ def main(
             raise PipelineError(
                 f"{corpus}: no valid '{pair.source_lang}<TAB>{pair.target_lang}' line found"
             )
-        parts = split_grouped(cleaned.pairs, cfg)
+        test = None
+        if test_tsv.exists() and test_tsv.stat().st_size:
+            with test_tsv.open(encoding="utf-8", errors="replace") as lines:
+                test = read_pairs(lines, pair, cfg.max_chars).pairs
+            if not test:
+                raise PipelineError(f"{test_tsv}: the predefined test set has no valid pair")
+        parts = split_grouped(cleaned.pairs, cfg, test)
         write_parts(parts, out_dir)
+        in_parts = sum(len(rows) for name, rows in parts.items() if name != "test" or not test)
         counts = {
             "kept": len(cleaned.pairs),
+            "dropped_in_test_set": len(cleaned.pairs) - in_parts,
+            "predefined_test": int(bool(test)),
             **{
                 f"dropped_{k}": cleaned.dropped.get(k, 0)
                 for k in ("empty", "malformed", "too_long", "duplicate")

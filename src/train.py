@@ -2,10 +2,13 @@
 
 Reads params `tokenize.shared_vocab`, `model.*` and `train.*`. AdamW with linear warmup then
 inverse-sqrt or cosine decay, label smoothing, gradient clipping and accumulation, token-count
-batches, early stopping on validation loss. Every `checkpoint_every_steps` and at each epoch
+batches, an optional training-time budget (`train.max_minutes`). After each epoch the valid split
+is scored (loss, and greedy BLEU when `train.select_by: bleu`); that score drives early
+stopping, best.pt and which epochs are averaged. Every `checkpoint_every_steps` and at each epoch
 end `models/checkpoints/last.pt` (weights, optimizer, scheduler, step, RNG) is written
 atomically, so a killed run resumes where it stopped when started again with the same params
-and data. The final `models/model.pt` averages the `train.average_last` best epoch checkpoints.
+and data. The final `models/model.pt` averages the `train.average_last` best epoch checkpoints
+(by the selection score), so no test sentence ever picks a checkpoint.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from src import checkpoint, paths, tracking
 from src.atomic import atomic_path, write_json
 from src.batching import load_encoded, make_batch, token_batches
 from src.errors import PipelineError, require_file, run_cli
+from src.metrics import bleu as corpus_bleu
 from src.model import Transformer, build_model, count_parameters
-from src.params import ModelParams, TokenizeParams, TrainParams, load_params
-from src.vocab import PAD, load_tokenizers
+from src.params import ModelParams, PairParams, TokenizeParams, TrainParams, load_params
+from src.search import translate_ids
+from src.vocab import PAD, Tokenizers, load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -80,6 +85,47 @@ def validation_loss(model: Transformer, sources, targets, max_tokens: int, devic
     return total / max(count, 1)
 
 
+VALID_MAX_LENGTH_RATIO = 2.0  # as evaluate's default; train must not read evaluate's params
+VALID_BATCH_SIZE = 64
+
+
+@torch.no_grad()
+def validation_bleu(
+    model: Transformer, sources, targets, tokenizers: Tokenizers, target_lang: str
+) -> float:
+    """Greedy corpus BLEU on the valid split (references decoded from their ids)."""
+    model.eval()
+    hyps = translate_ids(model, sources, 1, 1.0, VALID_MAX_LENGTH_RATIO, VALID_BATCH_SIZE)
+    model.train()
+    refs = tokenizers.decode_target([list(t) for t in targets])
+    return corpus_bleu(tokenizers.decode_target(hyps), refs, target_lang)
+
+
+@dataclass
+class ValidScorer:
+    """Scores the model on the valid split after each epoch.
+
+    `criterion` is what ranks epochs, lower is better: the valid loss, or minus greedy BLEU.
+    """
+
+    data: tuple[list, list]
+    max_tokens: int
+    select_by: str
+    tokenizers: Tokenizers | None = None
+    target_lang: str = ""
+
+    def __call__(self, model: Transformer, device) -> dict:
+        row = {"valid_loss": validation_loss(model, *self.data, self.max_tokens, device)}
+        row["valid_ppl"] = math.exp(min(row["valid_loss"], 50))
+        if self.select_by == "bleu":
+            row["valid_bleu"] = validation_bleu(model, *self.data, self.tokenizers,
+                                                self.target_lang)
+            row["criterion"] = -row["valid_bleu"]
+        else:
+            row["criterion"] = row["valid_loss"]
+        return row
+
+
 @dataclass
 class TrainState:
     """Everything besides tensors that a resumed run must get back."""
@@ -87,12 +133,12 @@ class TrainState:
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # epoch in progress (0-based)
     batch_in_epoch: int = 0  # batches of `epoch` already consumed
-    best_valid: float = float("inf")
+    best_criterion: float = float("inf")  # lowest ValidScorer criterion so far
     bad_epochs: int = 0
-    finished: bool = False  # early-stopped or reached max_steps: a resume trains no further
+    finished: bool = False  # early-stopped or out of steps/time: a resume trains no further
     train_seconds: float = 0.0
     tokens_seen: int = 0
-    epoch_losses: dict[int, float] = field(default_factory=dict)  # epoch -> valid loss
+    epoch_criteria: dict[int, float] = field(default_factory=dict)  # kept epoch -> criterion
     curve: list[dict] = field(default_factory=list)
     valid_curve: list[dict] = field(default_factory=list)
 
@@ -204,19 +250,19 @@ class Trainer:
         )
         return True
 
-    def keep_epoch_checkpoint(self, epoch: int, valid_loss: float) -> None:
-        """Keep the `average_last` best epoch checkpoints (by valid loss), drop the rest."""
+    def keep_epoch_checkpoint(self, epoch: int, criterion: float) -> None:
+        """Keep the `average_last` best epoch checkpoints (lowest criterion), drop the rest."""
         st = self.state
-        st.epoch_losses[epoch] = valid_loss
+        st.epoch_criteria[epoch] = criterion
         checkpoint.save(
             {"model": self.model.state_dict(), "config": self.model.config},
             self.ckpt_dir / f"epoch{epoch + 1}.pt",
         )
-        ranked = sorted(st.epoch_losses, key=st.epoch_losses.get)
+        ranked = sorted(st.epoch_criteria, key=st.epoch_criteria.get)
         for old in ranked[self.cfg.average_last :]:
             (self.ckpt_dir / f"epoch{old + 1}.pt").unlink(missing_ok=True)
-        st.epoch_losses = {e: st.epoch_losses[e] for e in ranked[: self.cfg.average_last]}
-        if valid_loss < st.best_valid:
+        st.epoch_criteria = {e: st.epoch_criteria[e] for e in ranked[: self.cfg.average_last]}
+        if criterion < st.best_criterion:
             checkpoint.save(
                 {"model": self.model.state_dict(), "config": self.model.config},
                 self.ckpt_dir / "best.pt",
@@ -259,7 +305,12 @@ def progress_bar() -> Progress:
 
 
 def run_training(
-    trainer: Trainer, train_data, valid_data, run, max_positions: int, checkpoint_every_steps: int
+    trainer: Trainer,
+    train_data,
+    score_valid: ValidScorer,
+    run,
+    max_positions: int,
+    checkpoint_every_steps: int,
 ) -> None:
     cfg, st, model = trainer.cfg, trainer.state, trainer.model
     src_lens, tgt_lens = [len(s) for s in train_data[0]], [len(t) for t in train_data[1]]
@@ -318,32 +369,23 @@ def run_training(
                 bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
                 if st.step % checkpoint_every_steps == 0:
                     trainer.save_last()
-                if cfg.max_steps and st.step >= cfg.max_steps:
+                if out_of_budget(cfg, st):
                     break
-            valid = validation_loss(model, *valid_data, cfg.max_tokens, trainer.device)
+            valid = score_valid(model, trainer.device)
+            criterion = valid.pop("criterion")
             st.valid_curve.append(
-                {
-                    "epoch": st.epoch + 1,
-                    "step": st.step,
-                    "valid_loss": round(valid, 4),
-                    "valid_ppl": round(math.exp(min(valid, 50)), 3),
-                }
+                {"epoch": st.epoch + 1, "step": st.step}
+                | {k: round(v, 4) for k, v in valid.items()}
             )
-            run.log_metrics(
-                {
-                    "valid_loss": valid,
-                    "valid_ppl": math.exp(min(valid, 50)),
-                    "epoch": st.epoch + 1,
-                },
-                step=st.step,
-            )
-            trainer.keep_epoch_checkpoint(st.epoch, valid)
-            improved = valid < st.best_valid
-            st.best_valid = min(st.best_valid, valid)
+            run.log_metrics(valid | {"epoch": st.epoch + 1}, step=st.step)
+            trainer.keep_epoch_checkpoint(st.epoch, criterion)
+            improved = criterion < st.best_criterion
+            st.best_criterion = min(st.best_criterion, criterion)
             st.bad_epochs = 0 if improved else st.bad_epochs + 1
+            bleu_text = f", valid BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else ""
             bar.console.print(
                 f"epoch {st.epoch + 1}: step {st.step}, train loss {loss:.3f}, "
-                f"valid loss {valid:.3f}{' *' if improved else ''}, "
+                f"valid loss {valid['valid_loss']:.3f}{bleu_text}{' *' if improved else ''}, "
                 f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s"
             )
             st.epoch += 1
@@ -351,9 +393,17 @@ def run_training(
             if cfg.patience and st.bad_epochs >= cfg.patience:
                 bar.console.print(f"early stop: no valid improvement in {cfg.patience} epochs")
                 st.finished = True
-            if cfg.max_steps and st.step >= cfg.max_steps:
+            if out_of_budget(cfg, st):
+                bar.console.print("stop: train.max_steps or train.max_minutes reached")
                 st.finished = True
             trainer.save_last()
+
+
+def out_of_budget(cfg: TrainParams, st: TrainState) -> bool:
+    """True once `train.max_steps` steps or `train.max_minutes` of training time are spent."""
+    if cfg.max_steps and st.step >= cfg.max_steps:
+        return True
+    return bool(cfg.max_minutes) and st.train_seconds >= 60 * cfg.max_minutes
 
 
 def set_seed(seed: int) -> None:
@@ -372,7 +422,8 @@ def main(
 ) -> None:
     """Train the Transformer (params `model.*`, `train.*`); resumes from
     models/checkpoints/last.pt when it matches the current params and data."""
-    tok_cfg, model_cfg, cfg = load_params("tokenize", "model", "train")
+    pair, tok_cfg, model_cfg, cfg = load_params("pair", "tokenize", "model", "train")
+    pair: PairParams
     tok_cfg: TokenizeParams
     model_cfg: ModelParams
     cfg: TrainParams
@@ -388,6 +439,7 @@ def main(
         model_cfg, tokenizers.source_vocab, tokenizers.target_vocab, tok_cfg.shared_vocab
     ).to(device)
     params = {
+        "pair": {"target_lang": pair.target_lang},
         "tokenize": {"shared_vocab": tok_cfg.shared_vocab},
         "model": model_cfg.model_dump(),
         "train": cfg.model_dump(),
@@ -409,6 +461,8 @@ def main(
     if not trainer.try_resume():
         for stale in ckpt_dir.glob("*.pt"):
             stale.unlink()
+    score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers,
+                              pair.target_lang)
     n_params = count_parameters(model)
     print(
         f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
@@ -417,13 +471,13 @@ def main(
     with tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir]) as run:
         run.log_metrics({"n_parameters": n_params})
         run_training(
-            trainer, train_data, valid_data, run, model.max_positions, checkpoint_every_steps
+            trainer, train_data, score_valid, run, model.max_positions, checkpoint_every_steps
         )
         st = trainer.state
-        epochs = sorted(st.epoch_losses, key=st.epoch_losses.get)
+        epochs = sorted(st.epoch_criteria, key=st.epoch_criteria.get)
         states = [checkpoint.load(ckpt_dir / f"epoch{e + 1}.pt")["model"] for e in epochs]
         model.load_state_dict(checkpoint.average_state_dicts(states))
-        final_valid = validation_loss(model, *valid_data, cfg.max_tokens, device)
+        final_valid = score_valid(model, device)  # of the averaged model
         checkpoint.save(
             {
                 "model": model.state_dict(),
@@ -440,12 +494,11 @@ def main(
             "epochs": st.epoch,
             "train_seconds": round(st.train_seconds, 1),
             "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
-            "best_valid_loss": round(st.best_valid, 4),
-            "final_valid_loss": round(final_valid, 4),
+            "best_epoch_valid_" + cfg.select_by: round(abs(st.best_criterion), 4),
             "averaged_epochs": len(epochs),
-        }
+        } | {"final_" + k: round(v, 4) for k, v in final_valid.items() if k != "criterion"}
         write_json(metrics, summary)
-        run.log_metrics({k: v for k, v in summary.items()})
+        run.log_metrics(summary)
         run.log_artifact(model_out, "model")
     print("train: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
 

@@ -70,6 +70,8 @@ def train_cfg(**overrides):
         weight_decay=0.0,
         label_smoothing=0.1,
         clip_norm=1.0,
+        max_minutes=0,
+        select_by="loss",
         patience=0,
         average_last=1,
         threads=0,

@@ -73,3 +73,14 @@ def test_split_fraction_sizes():
 def test_split_refuses_to_leave_no_training_data():
     with pytest.raises(PipelineError, match="none of 10"):
         split_grouped(grouped_pairs(), cfg(valid_size=5, test_size=5))
+
+
+def test_predefined_test_set_is_the_test_split_and_leaves_train():
+    pairs = grouped_pairs()
+    test = [("s3", "given-3"), ("new", "given-new")]
+    parts = split_grouped(pairs, cfg(test_size=5), test)
+    assert parts["test"] == test  # as given; test_size is unused
+    assert len({s for s, _ in parts["valid"]}) == 2
+    kept = {s for name in ("train", "valid") for s, _ in parts[name]}
+    assert "s3" not in kept  # a test source never reaches train or valid
+    assert kept == {f"s{i}" for i in range(10)} - {"s3"}
