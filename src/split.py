@@ -38,7 +38,7 @@ def clean_text(text: str) -> str:
     return " ".join(text.replace("\ufeff", "").split())
 
 
-def read_pairs(lines, pair: PairParams, max_chars: int) -> Cleaned:
+def read_pairs(lines, pair: PairParams, max_chars: int, dedupe: bool = True) -> Cleaned:
     """Parse TSV lines into (source, target) pairs; count why others were dropped."""
     out = Cleaned()
     seen: set[Pair] = set()
@@ -57,7 +57,7 @@ def read_pairs(lines, pair: PairParams, max_chars: int) -> Cleaned:
             out.dropped["empty"] += 1
         elif len(src) > max_chars or len(tgt) > max_chars:
             out.dropped["too_long"] += 1
-        elif (src, tgt) in seen:
+        elif dedupe and (src, tgt) in seen:
             out.dropped["duplicate"] += 1
         else:
             seen.add((src, tgt))
@@ -138,8 +138,9 @@ def main(
             )
         test = None
         if test_tsv.exists() and test_tsv.stat().st_size:
+            # A published test set is kept whole: no length limit, duplicates stay.
             with test_tsv.open(encoding="utf-8", errors="replace") as lines:
-                test = read_pairs(lines, pair, cfg.max_chars).pairs
+                test = read_pairs(lines, pair, max_chars=10**9, dedupe=False).pairs
             if not test:
                 raise PipelineError(f"{test_tsv}: the predefined test set has no valid pair")
         parts = split_grouped(cleaned.pairs, cfg, test)

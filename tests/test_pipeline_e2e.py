@@ -87,7 +87,7 @@ def test_every_stage_wrote_its_outputs(project):
 
     assert (project / "data/raw/corpus.tsv").read_text(encoding="utf-8") == toy_tsv()
     meta = json.loads((project / "data/raw/download.json").read_text())
-    assert len(meta["corpus_sha256"]) == 64
+    assert len(meta["corpus"]["corpus_sha256"]) == 64 and meta["test"] is None
     splits = load_from_disk(str(project / "data/split"))
     counts = json.loads((project / "data/split_metrics.json").read_text())
     assert counts["kept"] == 1080 and counts["n_train"] == len(splits["train"])
@@ -100,6 +100,7 @@ def test_every_stage_wrote_its_outputs(project):
     assert (project / "models/checkpoints/last.pt").exists()
     train = json.loads((project / "models/train_metrics.json").read_text())
     assert train["epochs"] == 2 and train["tokens_per_s"] > 0
+    assert 0 <= train["final_valid_bleu"] <= 100 and train["averaged_epochs"] >= 1
     assert (project / "models/train_curve.csv").read_text().startswith("step,loss,lr")
     result = json.loads((project / "data/eval/metrics.json").read_text())
     assert result["bleu_tokenizer"] == "zh" and 0 <= result["bleu"] <= 100
@@ -130,6 +131,7 @@ def test_mlflow_runs_are_grouped_and_complete(project):
     client = MlflowClient()
     assert len(client.get_metric_history(train.info.run_id, "train_loss")) >= 2
     assert len(client.get_metric_history(train.info.run_id, "valid_loss")) == 2
+    assert len(client.get_metric_history(train.info.run_id, "valid_bleu")) == 2  # select_by
     assert "bleu" in stages["evaluate"].data.metrics and "chrf" in stages["evaluate"].data.metrics
     assert [a.path for a in client.list_artifacts(train.info.run_id)] == ["model"]
     tok_artifacts = client.list_artifacts(stages["tokenize"].info.run_id, "tokenizer")

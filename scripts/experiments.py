@@ -1,0 +1,149 @@
+"""Run the README's experiment table as DVC experiments and print it as Markdown.
+
+Each row is one `dvc exp run -n <name> -S key=value ...` from the committed params.yaml (the
+workspace params are reset between rows, since `dvc exp run` leaves its overrides in place), so
+every row is also an MLflow run and appears in `dvc exp show`. After a row finishes, its
+metrics files are appended to a JSON-lines results file; a row already there is skipped, so a
+killed sweep resumes.
+
+    python scripts/experiments.py --list
+    python scripts/experiments.py --rows short-base,short-ls0 --set download.url=../cmn-eng.zip
+    python scripts/experiments.py --table      # print the table from the results file
+
+Training rows use a fixed, short number of steps, so they compare what each choice buys early in
+training, not converged quality. Decoding rows only re-run `evaluate`
+on the model already in the workspace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Shared by every training row: a short, fixed number of optimizer steps (about three epochs
+# of cmn-eng) and a warmup that fits inside it. Steps rather than minutes, so rows run side by
+# side or on a busy machine still compare equal work.
+SHORT = {"train.max_steps": "500", "train.warmup_steps": "300", "train.patience": "0"}
+
+# name -> (what it tests, overrides, stage target or None for the whole pipeline up to evaluate)
+ROWS: dict[str, tuple[str, dict[str, str], str]] = {
+    "greedy": ("default model, greedy", {"evaluate.beam_size": "1"}, "evaluate"),
+    "beam4-lp1.0": ("default model, beam 4, length penalty 1.0",
+                    {"evaluate.beam_size": "4", "evaluate.length_penalty": "1.0"}, "evaluate"),
+    "beam5-lp1.0": ("default model, beam 5, length penalty 1.0",
+                    {"evaluate.beam_size": "5", "evaluate.length_penalty": "1.0"}, "evaluate"),
+    "beam5-lp1.2": ("default model, beam 5, length penalty 1.2",
+                    {"evaluate.beam_size": "5", "evaluate.length_penalty": "1.2"}, "evaluate"),
+    "short-base": ("short run: the default recipe", SHORT, "evaluate"),
+    "short-ls0": ("short run: label smoothing 0", {**SHORT, "train.label_smoothing": "0"},
+                  "evaluate"),
+    "short-separate-vocab": ("short run: separate source/target vocabularies",
+                             {**SHORT, "tokenize.shared_vocab": "false"}, "evaluate"),
+    "short-vocab4k": ("short run: shared vocabulary of 4,000",
+                      {**SHORT, "tokenize.vocab_size": "4000"}, "evaluate"),
+    "short-post-ln": ("short run: post-LN", {**SHORT, "model.pre_norm": "false"}, "evaluate"),
+    "short-d512": ("short run: d_model 512, 8 heads, FFN 2048",
+                   {**SHORT, "model.d_model": "512", "model.n_heads": "8",
+                    "model.ffn_dim": "2048"}, "evaluate"),
+}
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def run_row(name: str, extra: dict[str, str], results: Path) -> dict:
+    what, overrides, target = ROWS[name]
+    settings = {**overrides, **extra}
+    subprocess.run(["git", "checkout", "--", "params.yaml"], cwd=ROOT, check=True)
+    cmd = ["dvc", "exp", "run", "-n", name]
+    for key, value in settings.items():
+        cmd += ["-S", f"{key}={value}"]
+    cmd.append(target)
+    print("$ " + " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    evaluated = read_json(ROOT / "data/eval/metrics.json")
+    trained = read_json(ROOT / "models/train_metrics.json")
+    row = {
+        "name": name,
+        "what": what,
+        "overrides": overrides,
+        "bleu": evaluated.get("bleu"),
+        "chrf": evaluated.get("chrf"),
+        "beam_size": evaluated.get("beam_size"),
+        "train_seconds": trained.get("train_seconds"),
+        "epochs": trained.get("epochs"),
+        "tokens_per_s": trained.get("tokens_per_s"),
+        "n_parameters": trained.get("n_parameters"),
+        "final_valid_bleu": trained.get("final_valid_bleu"),
+        "wall_seconds": round(time.perf_counter() - start, 1),
+    }
+    with results.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    subprocess.run(["git", "checkout", "--", "params.yaml"], cwd=ROOT, check=True)
+    return row
+
+
+def load_results(results: Path) -> list[dict]:
+    if not results.exists():
+        return []
+    return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| experiment | what changes | test BLEU | chrF | beam | train min | epochs | params |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        minutes = f"{r['train_seconds'] / 60:.1f}" if r.get("train_seconds") else "n/a"
+        params = f"{r['n_parameters'] / 1e6:.2f}M" if r.get("n_parameters") else "n/a"
+        print(f"| {r['name']} | {r['what']} | {r['bleu']} | {r['chrf']} | {r['beam_size']} | "
+              f"{minutes} | {r.get('epochs', 'n/a')} | {params} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra override for every row, e.g. download.url=<local zip>")
+    parser.add_argument("--results", type=Path, default=ROOT / "experiments.jsonl",
+                        help="JSON-lines file rows are appended to (and skipped if present)")
+    parser.add_argument("--list", action="store_true", help="list the rows and exit")
+    parser.add_argument("--table", action="store_true", help="print the table and exit")
+    args = parser.parse_args()
+    if args.list:
+        for name, (what, overrides, target) in ROWS.items():
+            print(f"{name:<22} {what}  [{target}] " + " ".join(f"{k}={v}" for k, v in
+                                                             overrides.items()))
+        return
+    if args.table:
+        print_table(load_results(args.results))
+        return
+    names = [n for n in args.rows.split(",") if n] or list(ROWS)
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        sys.exit(f"error: unknown row(s) {', '.join(unknown)}; see --list")
+    extra = dict(item.split("=", 1) for item in args.set)
+    done = {r["name"] for r in load_results(args.results)}
+    for name in names:
+        if name in done:
+            print(f"{name}: already in {args.results}, skipped")
+            continue
+        try:
+            row = run_row(name, extra, args.results)
+        except subprocess.CalledProcessError as exc:
+            sys.exit(f"error: row {name} failed (exit {exc.returncode}); see the output above")
+        print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']} ({row['wall_seconds']} s)",
+              flush=True)
+    print_table(load_results(args.results))
+
+
+if __name__ == "__main__":
+    main()
