@@ -13,7 +13,7 @@ from src import checkpoint
 from src.batching import make_batch, token_batches
 from src.errors import PipelineError
 from src.model import Transformer
-from src.train import lr_factor, token_loss
+from src.train import Trainer, TrainState, lr_factor, out_of_budget, token_loss
 from src.vocab import BOS, EOS, PAD
 
 
@@ -88,3 +88,28 @@ def test_average_state_dicts():
     b = {"w": torch.tensor([3.0, 5.0]), "n": torch.tensor(7)}
     avg = checkpoint.average_state_dicts([a, b])
     assert avg["w"].tolist() == [2.0, 4.0] and avg["n"].item() == 7
+
+
+def test_budget_in_steps_or_training_minutes():
+    assert not out_of_budget(train_cfg(), TrainState(step=10**6, train_seconds=10**6))
+    assert out_of_budget(train_cfg(max_steps=5), TrainState(step=5))
+    assert not out_of_budget(train_cfg(max_steps=5), TrainState(step=4))
+    assert out_of_budget(train_cfg(max_minutes=0.5), TrainState(train_seconds=30.0))
+    assert not out_of_budget(train_cfg(max_minutes=0.5), TrainState(train_seconds=29.9))
+
+
+def test_epochs_are_kept_and_ranked_by_criterion(tmp_path):
+    """Only the `average_last` lowest-criterion epochs stay on disk; best.pt follows the best."""
+    model = Transformer(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
+                        max_positions=16)
+    trainer = Trainer(model, train_cfg(average_last=2), torch.device("cpu"), 10, tmp_path, "fp")
+    # criterion is minus valid BLEU: epoch 1 (BLEU 20) is best, then epoch 3 (BLEU 15)
+    for epoch, criterion in enumerate([-20.0, -10.0, -15.0]):
+        with torch.no_grad():
+            next(model.parameters()).fill_(float(epoch))
+        trainer.keep_epoch_checkpoint(epoch, criterion)
+        trainer.state.best_criterion = min(trainer.state.best_criterion, criterion)
+    assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch1.pt", "epoch3.pt"]
+    assert trainer.state.epoch_criteria == {0: -20.0, 2: -15.0}
+    best = checkpoint.load(tmp_path / "best.pt")["model"]
+    assert float(next(iter(best.values())).flatten()[0]) == 0.0  # written at epoch 1 only
