@@ -142,11 +142,12 @@ def translate_ids(
     `progress` is an optional rich Progress to advance. beam 1 is greedy.
     """
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # little padding
+    device = next(model.parameters()).device
     out: list[list[int]] = [[] for _ in sources]
     task = progress.add_task("translate", total=len(sources)) if progress else None
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        src = pad([clip_source(sources[i], model.max_positions) for i in idx])
+        src = pad([clip_source(sources[i], model.max_positions) for i in idx]).to(device)
         max_len = max_output_length(src, max_length_ratio, model)
         for i, hyp in zip(idx, beam_search(model, src, beam, max_len, length_penalty)):
             out[i] = hyp
