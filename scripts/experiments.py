@@ -58,8 +58,9 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                "pair.source_column": "1", "pair.target_column": "0"}, "evaluate"),
     "en-vi": ("short run: English → Vietnamese, train on IWSLT tst2012, test on tst2013",
               {**SHORT, "pair.target_lang": "vi",
-               "download.url": "../shared/data/iwslt15-en-vi/tst2012.{lang}",
-               "download.test_url": "../shared/data/iwslt15-en-vi/tst2013.{lang}",
+               # quoted: `dvc exp run -S` parses values with Hydra's grammar, where { is special
+               "download.url": "'../shared/data/iwslt15-en-vi/tst2012.{lang}'",
+               "download.test_url": "'../shared/data/iwslt15-en-vi/tst2013.{lang}'",
                "split.valid_size": "100", "tokenize.vocab_size": "2000"}, "evaluate"),
 }
 
