@@ -95,6 +95,7 @@ def run_row(name: str, extra: dict[str, str], results: Path) -> dict:
         "tokens_per_s": trained.get("tokens_per_s"),
         "n_parameters": trained.get("n_parameters"),
         "final_valid_bleu": trained.get("final_valid_bleu"),
+        "final_valid_loss": trained.get("final_valid_loss"),
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
     with results.open("a") as fh:
@@ -110,13 +111,14 @@ def load_results(results: Path) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| experiment | what changes | test BLEU | chrF | beam | train min | epochs | params |")
+    print("| experiment | what changes | test BLEU | chrF | beam | valid loss | train min "
+          "| params |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         minutes = f"{r['train_seconds'] / 60:.1f}" if r.get("train_seconds") else "n/a"
         params = f"{r['n_parameters'] / 1e6:.2f}M" if r.get("n_parameters") else "n/a"
         print(f"| {r['name']} | {r['what']} | {r['bleu']} | {r['chrf']} | {r['beam_size']} | "
-              f"{minutes} | {r.get('epochs', 'n/a')} | {params} |")
+              f"{r.get('final_valid_loss', 'n/a')} | {minutes} | {params} |")
 
 
 def main() -> None:

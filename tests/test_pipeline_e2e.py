@@ -4,6 +4,8 @@ after a `train.*` change, `dvc exp run -S`, and `dvc metrics show`."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
@@ -164,3 +166,8 @@ def test_metrics_show_and_exp_run(project):
     assert "Running stage 'train'" in out and "Running stage 'split'" not in out
     table = sh(project, "dvc", "exp", "show", "--csv")
     assert "train.epochs" in table
+    # The experiment's own metrics are kept with it (git-tracked small files), so experiments
+    # compare side by side in `dvc exp show`.
+    rows = list(csv.DictReader(io.StringIO(table)))
+    experiment = [r for r in rows if r.get("train.epochs") == "1" and r.get("Experiment")]
+    assert experiment and experiment[0]["bleu"] not in ("", "!"), rows
