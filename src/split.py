@@ -145,10 +145,11 @@ def main(
                 raise PipelineError(f"{test_tsv}: the predefined test set has no valid pair")
         parts = split_grouped(cleaned.pairs, cfg, test)
         write_parts(parts, out_dir)
-        in_parts = sum(len(rows) for name, rows in parts.items() if name != "test" or not test)
+        # corpus pairs left out because their source sentence is in the predefined test set
+        in_test_set = len(cleaned.pairs) - len(parts["train"]) - len(parts["valid"]) if test else 0
         counts = {
             "kept": len(cleaned.pairs),
-            "dropped_in_test_set": len(cleaned.pairs) - in_parts,
+            "dropped_in_test_set": in_test_set,
             "predefined_test": int(bool(test)),
             **{
                 f"dropped_{k}": cleaned.dropped.get(k, 0)
