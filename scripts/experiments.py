@@ -1,8 +1,10 @@
 """Run the README's experiment table as DVC experiments and print it as Markdown.
 
-Each row is one `dvc exp run -n <name> -S key=value ...` from the committed params.yaml (the
-workspace params are reset between rows, since `dvc exp run` leaves its overrides in place), so
-every row is also an MLflow run and appears in `dvc exp show`. After a row finishes, its
+Each row is one `dvc exp run -n <name> -S key=value ...` on top of the workspace params.yaml, so
+every row is also an MLflow run and appears in `dvc exp show`. `dvc exp run -S` writes its
+overrides into params.yaml and leaves them there; this script puts back the exact bytes the
+file had before each row (also when a row fails or is interrupted), so neither a row's overrides
+nor a user's uncommitted edits are lost. After a row finishes, its
 metrics files are appended to a JSON-lines results file; a row already there is skipped, so a
 killed sweep resumes.
 
@@ -70,19 +72,23 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def run_row(name: str, extra: dict[str, str], results: Path) -> dict:
+def run_row(name: str, extra: dict[str, str], results: Path, root: Path = ROOT) -> dict:
     what, overrides, target = ROWS[name]
     settings = {**extra, **overrides}  # a row's own overrides win (en-vi has its own data)
-    subprocess.run(["git", "checkout", "--", "params.yaml"], cwd=ROOT, check=True)
     cmd = ["dvc", "exp", "run", "-n", name]
     for key, value in settings.items():
         cmd += ["-S", f"{key}={value}"]
     cmd.append(target)
     print("$ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True)
-    evaluated = read_json(ROOT / "data/eval/metrics.json")
-    trained = read_json(ROOT / "models/train_metrics.json")
+    params = root / "params.yaml"
+    before = params.read_bytes()
+    try:
+        subprocess.run(cmd, cwd=root, check=True)
+    finally:
+        params.write_bytes(before)
+    evaluated = read_json(root / "data/eval/metrics.json")
+    trained = read_json(root / "models/train_metrics.json")
     row = {
         "name": name,
         "what": what,
@@ -99,8 +105,7 @@ def run_row(name: str, extra: dict[str, str], results: Path) -> dict:
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
     with results.open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
-    subprocess.run(["git", "checkout", "--", "params.yaml"], cwd=ROOT, check=True)
+        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return row
 
 
@@ -127,7 +132,7 @@ def main() -> None:
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra override for every row, e.g. download.url=<local zip>")
-    parser.add_argument("--results", type=Path, default=ROOT / "experiments.jsonl",
+    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "experiments.jsonl",
                         help="JSON-lines file rows are appended to (and skipped if present)")
     parser.add_argument("--list", action="store_true", help="list the rows and exit")
     parser.add_argument("--table", action="store_true", help="print the table and exit")

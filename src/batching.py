@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from src.vocab import BOS, EOS, PAD
+from src.subword import BOS, EOS, PAD
 
 POOL_BATCHES = 100
 

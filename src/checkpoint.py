@@ -1,18 +1,26 @@
 """Checkpoints: atomic save, clear errors on corrupt files, and weight averaging.
 
-A checkpoint is a dict with `model` (state_dict), `config` (Transformer kwargs) and, for
-training checkpoints, optimizer/scheduler state, step, epoch and RNG states.
+A checkpoint is a dict with `model` (state_dict), `config` (the `ModelConfig` as a plain dict)
+and, for training checkpoints, optimizer/scheduler state, step, epoch and RNG states. Files are
+read with `weights_only=True`: tensors and plain containers only, so a crafted `.pt` cannot run
+code when it is loaded.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from src.atomic import atomic_path
 from src.errors import PipelineError
-from src.model import Transformer
+from src.model import ModelConfig, Transformer
+
+
+def model_state(model: Transformer, **extra) -> dict:
+    """The weights and the config that rebuilds the network, plus any `extra` keys."""
+    return {"model": model.state_dict(), "config": asdict(model.config), **extra}
 
 
 def save(obj: dict, path: Path) -> None:
@@ -25,7 +33,7 @@ def load(path: Path) -> dict:
     if not path.exists():
         raise PipelineError(f"checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for truncated/garbled files
         raise PipelineError(f"corrupt checkpoint {path}: {type(exc).__name__}") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
@@ -35,10 +43,10 @@ def load(path: Path) -> dict:
 
 def load_model(path: Path) -> tuple[Transformer, dict]:
     ckpt = load(path)
-    model = Transformer(**ckpt["config"])
     try:
+        model = Transformer(ModelConfig(**ckpt["config"]))
         model.load_state_dict(ckpt["model"])
-    except RuntimeError as exc:
+    except (TypeError, RuntimeError) as exc:
         raise PipelineError(
             f"checkpoint {path} does not match its config: {str(exc).splitlines()[0]}"
         ) from None

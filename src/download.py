@@ -171,9 +171,8 @@ def main(
     """Download the corpus named by params `download.url` (http(s), file:// or a local path;
     zip, plain TSV, or one text file per language via `{lang}`) and the optional predefined
     test set `download.test_url`; write each as one UTF-8 TSV, atomically."""
-    pair, cfg = load_params("pair", "download")
-    pair: PairParams
-    cfg: DownloadParams
+    pair = load_params(PairParams)
+    cfg = load_params(DownloadParams)
     params = {"pair": pair.model_dump(), "download": cfg.model_dump()}
     with tracking.stage_run("download", params) as run:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """evaluate: models/model.pt + test split -> data/eval/metrics.json and translations.tsv.
 
-Reads params `pair.target_lang` (sacreBLEU tokenizer: `zh` for Chinese, `char` for
-Japanese/Korean, `13a` otherwise) and `evaluate.*`. Translates the test split
+Reads params `evaluate.*`; the target language, which picks sacreBLEU's tokenizer (`zh` for
+Chinese, `char` for Japanese/Korean, `13a` otherwise), comes from the tokenizer's
+tokenizer.json. Translates the test split
 with batched beam search, scores corpus BLEU and chrF with sacreBLEU, writes a metrics JSON
 (a DVC metric) and a TSV of source / reference / hypothesis, and logs samples to MLflow.
 """
@@ -20,10 +21,10 @@ from rich.progress import Progress
 from src import checkpoint, paths, tracking
 from src.atomic import atomic_path, write_json
 from src.errors import require_file, run_cli
-from src.metrics import bleu_tokenizer, score
-from src.params import EvaluateParams, PairParams, load_params
+from src.params import EvaluateParams, load_params
+from src.scoring import bleu_tokenizer, score
 from src.search import translate_ids
-from src.vocab import load_tokenizers
+from src.subword import load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -40,9 +41,7 @@ def main(
     """Translate the test split with beam search (params `evaluate.*`) and score BLEU/chrF."""
     from datasets import load_from_disk
 
-    pair, cfg = load_params("pair", "evaluate")
-    pair: PairParams
-    cfg: EvaluateParams
+    cfg = load_params(EvaluateParams)
     for path, stage in (
         (model_path, "train"),
         (split_dir, "tokenize"),
@@ -54,7 +53,8 @@ def main(
     tok = load_tokenizers(tokenizer_dir)
     part = load_from_disk(str(split_dir))[split]
     sources, references = list(part["source"]), list(part["target"])
-    params = {"pair": pair.model_dump(), "evaluate": cfg.model_dump()}
+    target_lang = tok.target_lang
+    params = {"evaluate": cfg.model_dump()}
     with tracking.stage_run("evaluate", params, deps=[model_path, split_dir]) as run:
         start = time.perf_counter()
         with Progress(transient=True) as progress:
@@ -64,10 +64,10 @@ def main(
             )
         seconds = time.perf_counter() - start
         hypotheses = tok.decode_target(hyp_ids)
-        result = score(hypotheses, references, pair.target_lang)
+        result = score(hypotheses, references, target_lang)
         result.update(
             {
-                "bleu_tokenizer": bleu_tokenizer(pair.target_lang),
+                "bleu_tokenizer": bleu_tokenizer(target_lang),
                 "split": split,
                 "sentences": len(sources),
                 "beam_size": cfg.beam_size,

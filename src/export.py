@@ -1,10 +1,10 @@
 """export: models/model.pt + models/tokenizer -> models/model.onnx, one file with the whole search.
 
-Reads params `pair.{source_lang,target_lang}` and `export.*`. Builds the single-file generation
-graph of src/onnx_graph.py (encoder, KV-cached decoder and beam/greedy search under one
-BeamSearch node, special ids, languages, limits and tokenizer fingerprints in metadata_props)
-and verifies it before it is moved into place: `onnx.checker`, then ONNX Runtime against
-PyTorch's `src.search` on the first `export.parity_sentences` test sentences (greedy must match
+Reads params `export.*`; the languages come from models/tokenizer/tokenizer.json. Builds the
+single-file generation graph of src/onnx_graph.py (encoder, KV-cached decoder and beam/greedy
+search under one BeamSearch node, special ids, languages, limits and tokenizer fingerprints in
+metadata_props) and verifies it before it is moved into place: `onnx.checker`, then ONNX
+Runtime against PyTorch's `src.search` on the first `export.parity_sentences` test sentences (greedy must match
 token for token; beam top hypotheses in at least `export.min_beam_parity` of the rows), then
 BLEU of the file on the whole test split. With `export.quantize`, models/model.int8.onnx
 (int8 weights, quantized per subgraph) gets its own BLEU and speed.
@@ -29,10 +29,10 @@ from src import checkpoint, onnx_graph, paths, tracking
 from src.atomic import atomic_path, write_json
 from src.batching import clip_source, pad
 from src.errors import PipelineError, require_file, run_cli
-from src.metrics import bleu
-from src.params import ExportParams, PairParams, load_params
+from src.params import ExportParams, load_params
+from src.scoring import bleu
 from src.search import beam_search, greedy_search, max_output_length
-from src.vocab import BOS, EOS, PAD, UNK, Tokenizers, load_tokenizers
+from src.subword import BOS, EOS, PAD, UNK, Tokenizers, load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -44,9 +44,9 @@ def model_metadata(model, tok: Tokenizers, cfg: ExportParams, tokenizer_dir: Pat
     return {
         "format": onnx_graph.GRAPH_FORMAT,
         "pad_id": PAD, "unk_id": UNK, "bos_id": BOS, "eos_id": EOS,
-        "source_lang": tok.meta.get("source_lang", ""),
-        "target_lang": tok.meta.get("target_lang", ""),
-        "source_vocab": model.config["src_vocab"], "target_vocab": model.config["tgt_vocab"],
+        "source_lang": tok.source_lang,
+        "target_lang": tok.target_lang,
+        "source_vocab": model.config.src_vocab, "target_vocab": model.config.tgt_vocab,
         "max_source_tokens": model.max_positions,  # including the EOS the source ends with
         "max_output_tokens": model.max_positions - 1,
         "max_length_ratio": cfg.max_length_ratio,
@@ -56,7 +56,7 @@ def model_metadata(model, tok: Tokenizers, cfg: ExportParams, tokenizer_dir: Pat
 
 
 def check_vocab(model, tok: Tokenizers) -> None:
-    sizes = (model.config["src_vocab"], model.config["tgt_vocab"])
+    sizes = (model.config.src_vocab, model.config.tgt_vocab)
     if sizes != (tok.source_vocab, tok.target_vocab):
         raise PipelineError(f"tokenizer vocabularies {tok.source_vocab}/{tok.target_vocab} do "
                             f"not match the model's {sizes[0]}/{sizes[1]}: re-run tokenize+train")
@@ -118,13 +118,12 @@ def translate(session, sources: list[list[int]], model, cfg: ExportParams):
     return out, time.perf_counter() - start
 
 
-def score_file(path: Path, model, tok: Tokenizers, part, pair: PairParams,
-               cfg: ExportParams) -> dict:
+def score_file(path: Path, model, tok: Tokenizers, part, cfg: ExportParams) -> dict:
     """BLEU, speed and size of one ONNX file on the whole test split."""
     session = open_session(path)
     ids, seconds = translate(session, list(part["source_ids"]), model, cfg)
     hypotheses = tok.decode_target(ids)
-    return {"bleu": bleu(hypotheses, list(part["target"]), pair.target_lang),
+    return {"bleu": bleu(hypotheses, list(part["target"]), tok.target_lang),
             "sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
             "size_mb": round(path.stat().st_size / 1e6, 2),
             "provider": session.get_providers()[0], "ids": ids}
@@ -153,7 +152,7 @@ def verify(path: Path, model, sources: list[list[int]], cfg: ExportParams) -> di
 
 
 def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
-                   pair: PairParams, cfg: ExportParams) -> dict:
+                   cfg: ExportParams) -> dict:
     """Each file is written to a temporary sibling, checked and scored, then moved into place."""
     onnx_path, int8_path = paths_out
     result: dict = {}
@@ -161,12 +160,12 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
     with atomic_path(onnx_path) as tmp:
         onnx.save(fp32, tmp)
         result.update(verify(tmp, model, list(part["source_ids"])[: cfg.parity_sentences], cfg))
-        scores["fp32"] = score_file(tmp, model, tok, part, pair, cfg)
+        scores["fp32"] = score_file(tmp, model, tok, part, cfg)
     if int8 is not None:
         with atomic_path(int8_path) as tmp:
             onnx.save(int8, tmp)
             check_graph(tmp)
-            scores["int8"] = score_file(tmp, model, tok, part, pair, cfg)
+            scores["int8"] = score_file(tmp, model, tok, part, cfg)
         agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
         result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
     else:
@@ -178,7 +177,7 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
 
 
 def log_run(run, result: dict, files: list[Path], tokenizer_dir: Path,
-            pair: PairParams) -> str | None:
+            tok: Tokenizers) -> str | None:
     """Metrics, the model files with their tokenizer under `model/`, and a registry version."""
     run.log_metrics({k: v for k, v in result.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
@@ -186,7 +185,7 @@ def log_run(run, result: dict, files: list[Path], tokenizer_dir: Path,
     for path in files:
         run.log_artifact(path, "model")
     run.log_artifacts(tokenizer_dir, "model/tokenizer")
-    return run.register_model("model", f"nmt-{pair.source_lang}-{pair.target_lang}")
+    return run.register_model("model", f"nmt-{tok.source_lang}-{tok.target_lang}")
 
 
 @app.command()
@@ -201,9 +200,7 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
     from datasets import disable_progress_bars, load_from_disk
 
     disable_progress_bars()
-    pair, cfg = load_params("pair", "export")
-    pair: PairParams
-    cfg: ExportParams
+    cfg = load_params(ExportParams)
     for path, stage in ((model_path, "train"), (tokenizer_dir, "tokenize"),
                         (split_dir, "tokenize")):
         require_file(path, stage)
@@ -213,7 +210,7 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
     check_vocab(model, tok)
     part = load_from_disk(str(split_dir))["test"]
     metadata = model_metadata(model, tok, cfg, tokenizer_dir)
-    params = {"pair": pair.model_dump(), "export": cfg.model_dump()}
+    params = {"export": cfg.model_dump()}
     deps = [model_path, tokenizer_dir, split_dir]
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     with tracking.stage_run("export", params, deps=deps) as run, \
@@ -222,12 +219,11 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         fp32, int8 = onnx_graph.build(model, metadata, cfg.opset,
                                       Path(work) if cfg.quantize else None)
         result = {"export_seconds": round(time.perf_counter() - start, 1)}
-        result.update(write_verified(fp32, int8, (onnx_path, int8_path), model, tok, part,
-                                     pair, cfg))
+        result.update(write_verified(fp32, int8, (onnx_path, int8_path), model, tok, part, cfg))
         result.update({"test_sentences": len(part), "onnxruntime": _ort_version()})
         write_json(metrics, result)
         files = [onnx_path] + ([int8_path] if int8 is not None else [])
-        version = log_run(run, result, files, tokenizer_dir, pair)
+        version = log_run(run, result, files, tokenizer_dir, tok)
     _report(result, version)
 
 

@@ -13,12 +13,13 @@ self-attention key/value cache. The ONNX export mirrors these three methods one-
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.vocab import PAD
+from src.subword import PAD
 
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)
 
@@ -166,49 +167,41 @@ class DecoderLayer(nn.Module):
         return self.res_ffn(y, self.ffn), new
 
 
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that shapes the network; saved as a dict in every checkpoint."""
+
+    src_vocab: int
+    tgt_vocab: int
+    d_model: int = 256
+    n_heads: int = 4
+    n_layers: int = 3  # encoder and decoder layers each
+    ffn_dim: int = 1024
+    dropout: float = 0.1
+    pre_norm: bool = True
+    max_positions: int = 256
+    tie_embeddings: bool = True  # output projection = target embedding
+    share_source_embedding: bool = False  # source embedding too (one shared vocabulary)
+
+
 class Transformer(nn.Module):
-    def __init__(
-        self,
-        src_vocab: int,
-        tgt_vocab: int,
-        d_model: int = 256,
-        n_heads: int = 4,
-        n_layers: int = 3,
-        ffn_dim: int = 1024,
-        dropout: float = 0.1,
-        pre_norm: bool = True,
-        max_positions: int = 256,
-        tie_embeddings: bool = True,
-        share_source_embedding: bool = False,
-    ):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config = dict(
-            src_vocab=src_vocab,
-            tgt_vocab=tgt_vocab,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_layers=n_layers,
-            ffn_dim=ffn_dim,
-            dropout=dropout,
-            pre_norm=pre_norm,
-            max_positions=max_positions,
-            tie_embeddings=tie_embeddings,
-            share_source_embedding=share_source_embedding,
-        )
-        layer_args = (d_model, n_heads, ffn_dim, dropout, pre_norm)
-        self.src_embed = Embeddings(src_vocab, d_model, max_positions, dropout)
-        self.tgt_embed = Embeddings(tgt_vocab, d_model, max_positions, dropout)
-        if share_source_embedding:  # one vocabulary for both sides: one embedding matrix
+        self.config = c = config
+        layer_args = (c.d_model, c.n_heads, c.ffn_dim, c.dropout, c.pre_norm)
+        self.src_embed = Embeddings(c.src_vocab, c.d_model, c.max_positions, c.dropout)
+        self.tgt_embed = Embeddings(c.tgt_vocab, c.d_model, c.max_positions, c.dropout)
+        if c.share_source_embedding:  # one vocabulary for both sides: one embedding matrix
             self.src_embed.token.weight = self.tgt_embed.token.weight
-        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(n_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(n_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(c.n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(c.n_layers))
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
-        self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.generator = nn.Linear(d_model, tgt_vocab, bias=False)
-        if tie_embeddings:  # paper §3.4: output projection shares the target embedding
+        self.enc_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
+        self.dec_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab, bias=False)
+        if c.tie_embeddings:  # paper §3.4: output projection shares the target embedding
             self.generator.weight = self.tgt_embed.token.weight
-        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.n_heads, self.d_head = c.n_heads, c.d_model // c.n_heads
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -218,7 +211,7 @@ class Transformer(nn.Module):
 
     @property
     def max_positions(self) -> int:
-        return self.config["max_positions"]
+        return self.config.max_positions
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) ids -> memory (B, S, D) and its padding mask (B, 1, 1, S)."""
@@ -269,20 +262,20 @@ class Transformer(nn.Module):
         return self.generator(self.dec_norm(y))[:, -1], new_cache
 
 
-def build_model(model_params, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> Transformer:
-    cfg = model_params
-    return Transformer(
-        src_vocab,
-        tgt_vocab,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        n_layers=cfg.n_layers,
-        ffn_dim=cfg.ffn_dim,
-        dropout=cfg.dropout,
-        pre_norm=cfg.pre_norm,
-        max_positions=cfg.max_positions,
-        tie_embeddings=cfg.tie_embeddings,
-        share_source_embedding=cfg.tie_embeddings and shared_vocab,
+def model_config(params, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> ModelConfig:
+    """The network described by params.yaml's `model` section and the tokenizer's vocabularies."""
+    return ModelConfig(
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        d_model=params.d_model,
+        n_heads=params.n_heads,
+        n_layers=params.n_layers,
+        ffn_dim=params.ffn_dim,
+        dropout=params.dropout,
+        pre_norm=params.pre_norm,
+        max_positions=params.max_positions,
+        tie_embeddings=params.tie_embeddings,
+        share_source_embedding=params.tie_embeddings and shared_vocab,
     )
 
 

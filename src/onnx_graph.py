@@ -45,7 +45,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
 from src.model import Transformer
-from src.vocab import BOS, EOS, PAD, UNK
+from src.subword import BOS, EOS, PAD, UNK
 
 BANNED = (PAD, BOS, UNK)
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract above changes
@@ -85,7 +85,7 @@ class DecoderStep(nn.Module):
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
-        banned = torch.zeros(model.config["tgt_vocab"], dtype=torch.bool)
+        banned = torch.zeros(model.config.tgt_vocab, dtype=torch.bool)
         banned[list(BANNED)] = True
         self.register_buffer("banned", banned, persistent=False)
 

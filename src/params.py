@@ -1,13 +1,14 @@
 """Typed view of params.yaml: one pydantic model per section, unknown or missing keys rejected.
 
-Each stage loads only its own sections (`load_params("train")`), and dvc.yaml lists the same
+Each stage loads only the sections it reads, one typed call each
+(`cfg = load_params(TrainParams)` returns a `TrainParams`), and dvc.yaml lists exactly those
 keys, so DVC re-runs a stage exactly when something it reads has changed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,11 +19,13 @@ from src.errors import PipelineError
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    section: ClassVar[str]  # its name in params.yaml
 
 
 class PairParams(Section):
     """Which language is which, and where each sits in the corpus TSV."""
 
+    section: ClassVar[str] = "pair"
     source_lang: str = Field(min_length=2)
     target_lang: str = Field(min_length=2)
     source_column: int = Field(ge=0)
@@ -30,6 +33,7 @@ class PairParams(Section):
 
 
 class DownloadParams(Section):
+    section: ClassVar[str] = "download"
     url: str = Field(min_length=1)  # "{lang}" in it: one text file per language
     test_url: str  # a predefined test set in the same forms; "": split carves one out
     member: str  # file inside a zip archive; "" picks the largest .txt/.tsv member
@@ -37,6 +41,7 @@ class DownloadParams(Section):
 
 
 class SplitParams(Section):
+    section: ClassVar[str] = "split"
     seed: int
     valid_size: float = Field(gt=0)  # < 1: fraction of source sentences; >= 1: their count
     test_size: float = Field(gt=0)
@@ -44,6 +49,7 @@ class SplitParams(Section):
 
 
 class TokenizeParams(Section):
+    section: ClassVar[str] = "tokenize"
     vocab_size: int = Field(ge=32)
     shared_vocab: bool
     model_type: Literal["unigram", "bpe"]
@@ -56,6 +62,7 @@ class TokenizeParams(Section):
 
 
 class ModelParams(Section):
+    section: ClassVar[str] = "model"
     d_model: int = Field(gt=0)
     n_heads: int = Field(gt=0)
     n_layers: int = Field(gt=0)
@@ -67,6 +74,7 @@ class ModelParams(Section):
 
 
 class TrainParams(Section):
+    section: ClassVar[str] = "train"
     seed: int
     epochs: int = Field(gt=0)
     max_steps: int = Field(ge=0)  # 0: no cap
@@ -89,6 +97,7 @@ class TrainParams(Section):
 
 
 class EvaluateParams(Section):
+    section: ClassVar[str] = "evaluate"
     beam_size: int = Field(ge=1)
     length_penalty: float = Field(ge=0)
     max_length_ratio: float = Field(gt=0)  # output may be up to ratio * source + 10 tokens
@@ -97,6 +106,7 @@ class EvaluateParams(Section):
 
 
 class ExportParams(Section):
+    section: ClassVar[str] = "export"
     opset: int = Field(ge=18, le=23)  # ONNX opset of the exported subgraphs (dynamo: 18+)
     quantize: bool  # also write models/model.int8.onnx (int8 weights), with its own BLEU
     parity_sentences: int = Field(gt=0)  # test sentences decoded by both PyTorch and ORT
@@ -108,15 +118,11 @@ class ExportParams(Section):
 
 
 SECTIONS: dict[str, type[Section]] = {
-    "pair": PairParams,
-    "download": DownloadParams,
-    "split": SplitParams,
-    "tokenize": TokenizeParams,
-    "model": ModelParams,
-    "train": TrainParams,
-    "evaluate": EvaluateParams,
-    "export": ExportParams,
+    cls.section: cls
+    for cls in (PairParams, DownloadParams, SplitParams, TokenizeParams, ModelParams,
+                TrainParams, EvaluateParams, ExportParams)
 }
+S = TypeVar("S", bound=Section)
 
 
 def read_yaml(path: Path | None = None) -> dict:
@@ -129,35 +135,29 @@ def read_yaml(path: Path | None = None) -> dict:
         raise PipelineError(f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
     if not isinstance(raw, dict):
         raise PipelineError(f"{path} must be a mapping of sections")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise PipelineError(f"params.yaml: unknown section '{unknown[0]}'")
     return raw
 
 
-def parse_section(name: str, raw: dict):
-    """Validate one section; the error names the offending key, e.g. `train.lr`."""
-    model = SECTIONS[name]
+def load_params(kind: type[S], path: Path | None = None) -> S:
+    """One section of params.yaml, validated; errors name the offending key, e.g. `train.lr`."""
+    raw = read_yaml(path)
+    name = kind.section
     if name not in raw:
         raise PipelineError(f"params.yaml: missing section '{name}'")
     values = raw[name]
     if not isinstance(values, dict):
         raise PipelineError(f"params.yaml: section '{name}' must be a mapping")
     try:
-        return model(**values)
+        return kind(**values)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join([name, *(str(p) for p in err["loc"])])
-        kind = err["type"]
-        if kind == "extra_forbidden":
+        error = err["type"]
+        if error == "extra_forbidden":
             raise PipelineError(f"params.yaml: unknown key '{key}'") from None
-        if kind == "missing":
+        if error == "missing":
             raise PipelineError(f"params.yaml: missing key '{key}'") from None
         raise PipelineError(f"params.yaml: bad value for '{key}': {err['msg']}") from None
-
-
-def load_params(*sections: str, path: Path | None = None):
-    """Load the named sections; returns one object, or a tuple for several sections."""
-    raw = read_yaml(path)
-    unknown = sorted(set(raw) - set(SECTIONS))
-    if unknown:
-        raise PipelineError(f"params.yaml: unknown section '{unknown[0]}'")
-    parsed = tuple(parse_section(s, raw) for s in sections)
-    return parsed[0] if len(parsed) == 1 else parsed

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from src.batching import clip_source, pad
 from src.model import Transformer
-from src.vocab import BOS, EOS, PAD, UNK
+from src.subword import BOS, EOS, PAD, UNK
 
 BANNED = (PAD, BOS, UNK)
 

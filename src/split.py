@@ -125,7 +125,8 @@ def main(
 ) -> None:
     """Clean the corpus and split it train/valid/test, grouped by source sentence
     (params `pair.*`, `split.*`)."""
-    pair, cfg = load_params("pair", "split")
+    pair = load_params(PairParams)
+    cfg = load_params(SplitParams)
     require_file(corpus, "download")
     with tracking.stage_run(
         "split", {"pair": pair.model_dump(), "split": cfg.model_dump()}, deps=[corpus]

@@ -1,6 +1,7 @@
 """train: data/tokenized + models/tokenizer -> models/model.pt (+ checkpoints, curves, metrics).
 
-Reads params `tokenize.shared_vocab`, `model.*` and `train.*`. AdamW with linear warmup then
+Reads params `model.*` and `train.*`; the target language (for valid BLEU) and whether the
+vocabulary is shared come from models/tokenizer/tokenizer.json. AdamW with linear warmup then
 inverse-sqrt or cosine decay, label smoothing, gradient clipping and accumulation, token-count
 batches, an optional training-time budget (`train.max_minutes`). After each epoch the valid split
 is scored (loss, and greedy BLEU when `train.select_by: bleu`); that score drives early
@@ -32,11 +33,11 @@ from src import checkpoint, paths, tracking
 from src.atomic import atomic_path, write_json
 from src.batching import load_encoded, make_batch, token_batches
 from src.errors import PipelineError, require_file, run_cli
-from src.metrics import bleu as corpus_bleu
-from src.model import Transformer, build_model, count_parameters
-from src.params import ModelParams, PairParams, TokenizeParams, TrainParams, load_params
+from src.model import Transformer, count_parameters, model_config
+from src.params import ModelParams, TrainParams, load_params
+from src.scoring import bleu as corpus_bleu
 from src.search import translate_ids
-from src.vocab import PAD, Tokenizers, load_tokenizers
+from src.subword import PAD, Tokenizers, load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -143,13 +144,14 @@ class TrainState:
     valid_curve: list[dict] = field(default_factory=list)
 
 
-def fingerprint(params: dict, data_dir: Path) -> str:
+def fingerprint(params: dict, *data_dirs: Path) -> str:
     """What a checkpoint must match to be resumed: the params it was trained with and the data."""
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
-    for path in sorted(Path(data_dir).rglob("*")):
-        if path.is_file():
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+    for data_dir in data_dirs:
+        for path in sorted(Path(data_dir).rglob("*")):
+            if path.is_file():
+                digest.update(path.name.encode())
+                digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
@@ -214,16 +216,15 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------
     def save_last(self) -> None:
         checkpoint.save(
-            {
-                "model": self.model.state_dict(),
-                "config": self.model.config,
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "state": self.state.__dict__,
-                "rng": rng_state(),
-                "fingerprint": self.fingerprint,
-            },
+            checkpoint.model_state(
+                self.model,
+                optimizer=self.optimizer.state_dict(),
+                scheduler=self.scheduler.state_dict(),
+                scaler=self.scaler.state_dict(),
+                state=self.state.__dict__,
+                rng=rng_state(),
+                fingerprint=self.fingerprint,
+            ),
             self.ckpt_dir / "last.pt",
         )
 
@@ -255,18 +256,14 @@ class Trainer:
         st = self.state
         st.epoch_criteria[epoch] = criterion
         checkpoint.save(
-            {"model": self.model.state_dict(), "config": self.model.config},
-            self.ckpt_dir / f"epoch{epoch + 1}.pt",
+            checkpoint.model_state(self.model), self.ckpt_dir / f"epoch{epoch + 1}.pt"
         )
         ranked = sorted(st.epoch_criteria, key=st.epoch_criteria.get)
         for old in ranked[self.cfg.average_last :]:
             (self.ckpt_dir / f"epoch{old + 1}.pt").unlink(missing_ok=True)
         st.epoch_criteria = {e: st.epoch_criteria[e] for e in ranked[: self.cfg.average_last]}
         if criterion < st.best_criterion:
-            checkpoint.save(
-                {"model": self.model.state_dict(), "config": self.model.config},
-                self.ckpt_dir / "best.pt",
-            )
+            checkpoint.save(checkpoint.model_state(self.model), self.ckpt_dir / "best.pt")
 
     # -- one optimizer step ------------------------------------------------------------------
     def step(self, batches) -> tuple[float, int]:
@@ -422,28 +419,22 @@ def main(
 ) -> None:
     """Train the Transformer (params `model.*`, `train.*`); resumes from
     models/checkpoints/last.pt when it matches the current params and data."""
-    pair, tok_cfg, model_cfg, cfg = load_params("pair", "tokenize", "model", "train")
-    pair: PairParams
-    tok_cfg: TokenizeParams
-    model_cfg: ModelParams
-    cfg: TrainParams
+    model_params = load_params(ModelParams)
+    cfg = load_params(TrainParams)
     require_file(data_dir, "tokenize")
     require_file(tokenizer_dir, "tokenize")
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     set_seed(cfg.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizers = load_tokenizers(tokenizer_dir)
+    target_lang, shared_vocab = tokenizers.target_lang, tokenizers.shared_vocab
     train_data = load_encoded(data_dir, "train")
     valid_data = load_encoded(data_dir, "valid")
-    model = build_model(
-        model_cfg, tokenizers.source_vocab, tokenizers.target_vocab, tok_cfg.shared_vocab
-    ).to(device)
-    params = {
-        "pair": {"target_lang": pair.target_lang},
-        "tokenize": {"shared_vocab": tok_cfg.shared_vocab},
-        "model": model_cfg.model_dump(),
-        "train": cfg.model_dump(),
-    }
+    config = model_config(
+        model_params, tokenizers.source_vocab, tokenizers.target_vocab, shared_vocab
+    )
+    model = Transformer(config).to(device)
+    params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
     steps_per_epoch = math.ceil(
         len(
             token_batches(
@@ -457,12 +448,13 @@ def main(
     )
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(model, cfg, device, total_steps, ckpt_dir, fingerprint(params, data_dir))
+    # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
+    trainer = Trainer(model, cfg, device, total_steps, ckpt_dir,
+                      fingerprint(params, data_dir, tokenizer_dir))
     if not trainer.try_resume():
         for stale in ckpt_dir.glob("*.pt"):
             stale.unlink()
-    score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers,
-                              pair.target_lang)
+    score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang)
     n_params = count_parameters(model)
     print(
         f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
@@ -479,12 +471,7 @@ def main(
         model.load_state_dict(checkpoint.average_state_dicts(states))
         final_valid = score_valid(model, device)  # of the averaged model
         checkpoint.save(
-            {
-                "model": model.state_dict(),
-                "config": model.config,
-                "averaged_epochs": [e + 1 for e in epochs],
-            },
-            model_out,
+            checkpoint.model_state(model, averaged_epochs=[e + 1 for e in epochs]), model_out
         )
         write_curve(metrics.with_name(paths.TRAIN_CURVE.name), st.curve)
         write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)

@@ -29,13 +29,21 @@ def scratch_root(tmp_path: Path, **overrides: dict) -> Path:
     return tmp_path
 
 
+def stage_module(stage: str) -> str:
+    """The module a dvc.yaml stage runs (`tokenize` -> `src.tokenize_corpus`); other names, such
+    as `infer`, are modules already."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    return stages[stage]["cmd"].split()[2] if stage in stages else f"src.{stage}"
+
+
 def run_stage(
-    root: Path, module: str, *args: str, stdin: str | None = None, tracking: bool = False
+    root: Path, stage: str, *args: str, stdin: str | None = None, tracking: bool = False
 ) -> subprocess.CompletedProcess:
-    """`python -m src.<module>` with NMT_ROOT=root, as DVC runs it (code from this checkout)."""
+    """`python -m src.<module>` of a stage with NMT_ROOT=root, as DVC runs it (code from this
+    checkout)."""
     env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "on" if tracking else "off"}
     return subprocess.run(
-        [sys.executable, "-m", f"src.{module}", *args],
+        [sys.executable, "-m", stage_module(stage), *args],
         cwd=REPO,
         env=env,
         input=stdin,

@@ -21,9 +21,9 @@ from toy_corpus import toy_pairs
 
 from src import checkpoint, onnx_graph
 from src.batching import clip_source, make_batch, pad
-from src.model import Transformer
+from src.model import ModelConfig, Transformer
 from src.search import beam_search, greedy_search, max_output_length
-from src.vocab import META, train_spm
+from src.subword import META, train_spm
 
 MAX_POSITIONS = 48
 EXPORT = {"parity_sentences": 60, "batch_size": 16, "beam_size": 3, "quantize": True}
@@ -33,8 +33,8 @@ def train_tiny(sp, pairs: list[tuple[str, str]], steps: int = 150) -> Transforme
     """d_model 32, 2+2 layers, trained just enough to emit EOS and real words."""
     torch.manual_seed(0)
     vocab = sp.get_piece_size()
-    model = Transformer(vocab, vocab, d_model=32, n_heads=4, n_layers=2, ffn_dim=64,
-                        dropout=0.0, max_positions=MAX_POSITIONS, share_source_embedding=True)
+    model = Transformer(ModelConfig(vocab, vocab, d_model=32, n_heads=4, n_layers=2, ffn_dim=64,
+                        dropout=0.0, max_positions=MAX_POSITIONS, share_source_embedding=True))
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     src, tgt = sp.encode([e for e, _ in pairs]), sp.encode([z for _, z in pairs])
     rng = random.Random(0)
@@ -82,8 +82,7 @@ def project(tmp_path_factory, one_thread) -> Path:
     root = scratch_root(tmp_path_factory.mktemp("export"), export=EXPORT)
     write_tokenizer(root / "models" / "tokenizer", spm_bytes)
     model = train_tiny(sp, train)
-    checkpoint.save({"model": model.state_dict(), "config": model.config},
-                    root / "models" / "model.pt")
+    checkpoint.save(checkpoint.model_state(model), root / "models" / "model.pt")
     columns = {"source": [e for e, _ in test], "target": [z for _, z in test]}
     columns |= {"source_ids": sp.encode(columns["source"]),
                 "target_ids": sp.encode(columns["target"])}
@@ -240,11 +239,12 @@ def test_int8_model_runs_through_infer(project):
 
 def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
     """A decoder rigged so UNK, then BOS, get the largest logit: both searches must skip them."""
-    from src.vocab import BOS, UNK
+    from src.subword import BOS, UNK
 
     torch.manual_seed(0)
-    model = Transformer(40, 40, d_model=16, n_heads=2, n_layers=1, ffn_dim=32, dropout=0.0,
-                        max_positions=32, tie_embeddings=False).eval()
+    config = ModelConfig(40, 40, d_model=16, n_heads=2, n_layers=1, ffn_dim=32, dropout=0.0,
+                         max_positions=32, tie_embeddings=False)
+    model = Transformer(config).eval()
     with torch.no_grad():
         model.dec_norm.weight.fill_(0.01)
         model.dec_norm.bias.fill_(1.0)  # every decoder state ~ (1, ..., 1)

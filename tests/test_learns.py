@@ -12,10 +12,10 @@ from helpers import train_cfg
 from toy_corpus import toy_pairs
 
 from src.batching import clip_source, make_batch, pad, token_batches
-from src.model import Transformer
+from src.model import ModelConfig, Transformer
 from src.search import greedy_search
+from src.subword import train_spm
 from src.train import Trainer
-from src.vocab import train_spm
 
 
 def test_small_model_learns_toy_translation(tmp_path):
@@ -39,7 +39,7 @@ def test_small_model_learns_toy_translation(tmp_path):
     src = sp.encode([e for e, _ in train])
     tgt = sp.encode([z for _, z in train])
     vocab = sp.get_piece_size()
-    model = Transformer(
+    model = Transformer(ModelConfig(
         vocab,
         vocab,
         d_model=64,
@@ -49,7 +49,7 @@ def test_small_model_learns_toy_translation(tmp_path):
         dropout=0.0,
         max_positions=64,
         share_source_embedding=True,
-    )
+    ))
     cfg = train_cfg(lr=3e-3, warmup_steps=30, max_tokens=1500, label_smoothing=0.1)
     trainer = Trainer(
         model, cfg, torch.device("cpu"), total_steps=150, ckpt_dir=tmp_path, fingerprint="test"

@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from src.model import Transformer
+from src.model import ModelConfig, Transformer
 from src.search import beam_search, greedy_search
-from src.vocab import EOS, UNK
+from src.subword import EOS, UNK
 
 A, B, C = 4, 5, 6
 
@@ -75,7 +75,8 @@ def test_max_length_cuts_open_hypotheses():
 
 def test_beam_search_on_a_real_model_is_batch_independent():
     torch.manual_seed(0)
-    model = Transformer(40, 40, d_model=16, n_heads=2, n_layers=2, ffn_dim=32, dropout=0.0).eval()
+    config = ModelConfig(40, 40, d_model=16, n_heads=2, n_layers=2, ffn_dim=32, dropout=0.0)
+    model = Transformer(config).eval()
     src = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, 0], [10, EOS, 0, 0]])
     together = beam_search(model, src, beam=3, max_len=8)
     alone = [

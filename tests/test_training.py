@@ -12,9 +12,9 @@ from helpers import train_cfg
 from src import checkpoint
 from src.batching import make_batch, token_batches
 from src.errors import PipelineError
-from src.model import Transformer
+from src.model import ModelConfig, Transformer
+from src.subword import BOS, EOS, PAD
 from src.train import Trainer, TrainState, lr_factor, out_of_budget, token_loss
-from src.vocab import BOS, EOS, PAD
 
 
 def test_make_batch_adds_bos_eos_and_pads():
@@ -53,7 +53,8 @@ def test_cosine_schedule_hand_values():
 
 def test_token_loss_ignores_padding():
     torch.manual_seed(0)
-    model = Transformer(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32, dropout=0.0).eval()
+    config = ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32, dropout=0.0)
+    model = Transformer(config).eval()
     batch = make_batch([[5, 6], [7]], [[8], [9, 10]], max_positions=16)
     loss, nll, n = token_loss(model, batch, label_smoothing=0.1)
     logits = model(batch.src, batch.tgt_in)
@@ -68,9 +69,9 @@ def test_token_loss_ignores_padding():
 
 
 def test_checkpoint_roundtrip_and_corruption(tmp_path):
-    model = Transformer(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32)
+    model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32))
     path = tmp_path / "model.pt"
-    checkpoint.save({"model": model.state_dict(), "config": model.config}, path)
+    checkpoint.save(checkpoint.model_state(model), path)
     loaded, _ = checkpoint.load_model(path)
     assert all(
         torch.equal(a, b)
@@ -100,8 +101,9 @@ def test_budget_in_steps_or_training_minutes():
 
 def test_epochs_are_kept_and_ranked_by_criterion(tmp_path):
     """Only the `average_last` lowest-criterion epochs stay on disk; best.pt follows the best."""
-    model = Transformer(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
-                        max_positions=16)
+    config = ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
+                         max_positions=16)
+    model = Transformer(config)
     trainer = Trainer(model, train_cfg(average_last=2), torch.device("cpu"), 10, tmp_path, "fp")
     # criterion is minus valid BLEU: epoch 1 (BLEU 20) is best, then epoch 3 (BLEU 15)
     for epoch, criterion in enumerate([-20.0, -10.0, -15.0]):

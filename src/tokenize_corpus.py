@@ -1,5 +1,9 @@
 """tokenize: data/split -> models/tokenizer/ (SentencePiece) + data/tokenized (token ids).
 
+The `tokenize` stage lives in `tokenize_corpus.py` because a module named `tokenize` would
+shadow the standard library's (which `linecache` and `inspect` import) whenever `src/` is on
+sys.path.
+
 Reads params `pair.*` and `tokenize.*`. The tokenizer is trained on the *train* split only
 (one shared model for both sides, or one per side), then every split is encoded. Vocabulary
 size, unknown-token rate and length statistics go to data/tokenize_metrics.json.
@@ -16,7 +20,7 @@ from src import paths, tracking
 from src.atomic import atomic_dir, write_json
 from src.errors import require_file, run_cli
 from src.params import PairParams, TokenizeParams, load_params
-from src.vocab import BOS, EOS, META, PAD, UNK, load_tokenizers, train_spm
+from src.subword import BOS, EOS, META, PAD, UNK, load_tokenizers, train_spm
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -75,7 +79,8 @@ def main(
     from datasets import DatasetDict, disable_progress_bars, load_from_disk
 
     disable_progress_bars()
-    pair, cfg = load_params("pair", "tokenize")
+    pair = load_params(PairParams)
+    cfg = load_params(TokenizeParams)
     require_file(split_dir, "split")
     params = {"pair": pair.model_dump(), "tokenize": cfg.model_dump()}
     with tracking.stage_run("tokenize", params, deps=[split_dir]) as run:

@@ -1,4 +1,4 @@
-"""SentencePiece tokenizers for the two sides, and the special ids every module agrees on.
+"""Subword tokenizers (SentencePiece) for the two sides, and the special ids every module uses.
 
 `models/tokenizer/` holds `source.model`, `target.model` (the same file twice when the
 vocabulary is shared) and `tokenizer.json` with the special ids and languages, so inference
@@ -33,8 +33,19 @@ class Tokenizers:
     def target_vocab(self) -> int:
         return self.target.get_piece_size()
 
-    def encode_source(self, texts: list[str]) -> list[list[int]]:
-        return self.source.encode(texts)
+    @property
+    def source_lang(self) -> str:
+        return self.meta["source_lang"]
+
+    @property
+    def target_lang(self) -> str:
+        """Picks the BLEU tokenizer of train's valid score and of evaluate."""
+        return self.meta["target_lang"]
+
+    @property
+    def shared_vocab(self) -> bool:
+        """One SentencePiece model for both sides: train ties the source embedding too."""
+        return bool(self.meta["shared_vocab"])
 
     def decode_target(self, ids: list[list[int]]) -> list[str]:
         return self.target.decode([[i for i in row if i > EOS] for row in ids])
@@ -80,6 +91,9 @@ def load_tokenizers(directory: Path) -> Tokenizers:
     directory = Path(directory)
     try:
         meta = json.loads((directory / META).read_text(encoding="utf-8"))
+        missing = {"source_lang", "target_lang", "shared_vocab"} - set(meta)
+        if missing:
+            raise ValueError(f"{META} lacks {', '.join(sorted(missing))}")
         source = spm.SentencePieceProcessor(model_file=str(directory / "source.model"))
         target = spm.SentencePieceProcessor(model_file=str(directory / "target.model"))
     except (OSError, ValueError, RuntimeError) as exc:
