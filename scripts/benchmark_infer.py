@@ -8,6 +8,7 @@ work; greedy outputs are identical across systems (export checks it).
 
     python scripts/benchmark_infer.py                       # everything, 2 threads
     python scripts/benchmark_infer.py --systems onnx --threads 1,2   # pick infer's default
+    python scripts/benchmark_infer.py --json docs/benchmarks/infer_speed.json  # for results.md
 
 Not a test: timings need an otherwise idle machine. Systems:
   torch-nocache  the full decoder re-run over the whole prefix at every step (no KV cache)
@@ -18,7 +19,9 @@ Not a test: timings need an otherwise idle machine. Systems:
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,6 +125,19 @@ def load_sources(split_dir: Path, n: int) -> list[list[int]]:
     return list(load_from_disk(str(split_dir))["test"]["source_ids"])[:n]
 
 
+def write_json(path: Path, rows: list[dict], command: str) -> None:
+    """The rows with what produced them, in the shape scripts/results.py renders."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=paths.ROOT,
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    doc = {"what": "Translation speed of models/model.onnx and PyTorch, sentences/s on test "
+                   "sentences", "command": command, "commit": commit,
+           "date": time.strftime("%Y-%m-%d"),
+           "rows": [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
+                    for r in rows]}
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print(f"# wrote {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +153,9 @@ def main() -> None:
     p.add_argument("--n1", type=int, default=64, help="sentences for batch-1 runs")
     p.add_argument("--max-seconds", type=float, default=60.0,
                    help="per configuration; stops after the batch that crosses it")
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write the rows here (docs/benchmarks/infer_speed.json feeds "
+                        "scripts/results.py)")
     a = p.parse_args()
     systems = a.systems.split(",")
     threads = [int(t) for t in a.threads.split(",")]
@@ -169,6 +188,8 @@ def main() -> None:
                     print(f"  {system:<13} threads={t} beam={beam} batch={size:<3} "
                           f"{r['sent_s']:8.2f} sent/s ({r['sentences']} sentences, "
                           f"foreign CPU {r['foreign_cpu']:.2f})", flush=True)
+    if a.json:
+        write_json(a.json, rows, " ".join(["python", "scripts/benchmark_infer.py", *sys.argv[1:]]))
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in rows if r["system"] == "torch-nocache"}
     print("\n| system | threads | beam | batch | sent/s | tok/s | x torch-nocache | foreign CPU |")
     print("|---|---|---|---|---|---|---|---|")

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-BENCH = DOCS / "benchmarks"
 OUT = DOCS / "results.md"
 
 # Rows of docs/experiments.jsonl by what they vary; anything else lands in "other rows".
@@ -26,8 +25,8 @@ DECODING_ROWS = ("greedy", "beam4-lp1.0", "beam5-lp1.0", "beam5-lp1.2")
 PAIR_ROWS = ("zh-en", "en-vi")
 
 
-def load_json(name: str) -> dict:
-    return json.loads((BENCH / name).read_text(encoding="utf-8"))
+def load_json(bench: Path, name: str) -> dict:
+    return json.loads((bench / name).read_text(encoding="utf-8"))
 
 
 def load_rows(path: Path) -> list[dict]:
@@ -169,8 +168,8 @@ def translation_speed(speed: dict) -> list[str]:
     return lines
 
 
-def samples() -> list[str]:
-    with (BENCH / "sample_translations.tsv").open(encoding="utf-8", newline="") as fh:
+def samples(bench: Path) -> list[str]:
+    with (bench / "sample_translations.tsv").open(encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
     lines = ["## Sample translations", "",
              "Sentences written for this page (`docs/sample_sentences.en`, not from the corpus), "
@@ -181,8 +180,9 @@ def samples() -> list[str]:
     return lines
 
 
-def render() -> str:
-    rows = load_rows(DOCS / "experiments.jsonl")
+def render(docs: Path = DOCS) -> str:
+    bench = docs / "benchmarks"
+    rows = load_rows(docs / "experiments.jsonl")
     by_name = {r["name"]: r for r in rows}
     short = [r for r in rows if r["name"].startswith("short-")]
     pairs = [by_name[n] for n in PAIR_ROWS if n in by_name]
@@ -196,12 +196,13 @@ def render() -> str:
         "its numbers; the raw rows are in `docs/experiments.jsonl` and `docs/benchmarks/`.",
         "",
     ]
-    lines += default_run(load_json("default_run.json"), load_json("decoding.json"), by_name)
-    lines += training_speed(load_json("peer_train.json"))
-    lines += translation_speed(load_json("infer_speed.json"))
+    lines += default_run(load_json(bench, "default_run.json"), load_json(bench, "decoding.json"),
+                         by_name)
+    lines += training_speed(load_json(bench, "peer_train.json"))
+    lines += translation_speed(load_json(bench, "infer_speed.json"))
     lines += short_rows(short)
     lines += pair_rows(pairs)
-    lines += samples()
+    lines += samples(bench)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -3,11 +3,11 @@
 Reads params `export.*`; the languages come from models/tokenizer/tokenizer.json. Builds the
 single-file generation graph of src/onnx_graph.py (encoder, KV-cached decoder and beam/greedy
 search under one BeamSearch node, special ids, languages, limits and tokenizer fingerprints in
-metadata_props) and verifies it before it is moved into place: `onnx.checker`, then ONNX
-Runtime against PyTorch's `src.search` on the first `export.parity_sentences` test sentences (greedy must match
-token for token; beam top hypotheses in at least `export.min_beam_parity` of the rows), then
-BLEU of the file on the whole test split. With `export.quantize`, models/model.int8.onnx
-(int8 weights, quantized per subgraph) gets its own BLEU and speed.
+metadata_props) and verifies it before it is moved into place: `onnx.checker`, then ONNX Runtime
+against PyTorch's `src.search` on the first `export.parity_sentences` test sentences (greedy must
+match token for token; beam top hypotheses in at least `export.min_beam_parity` of the rows), then
+BLEU of the file on the whole test split. With `export.quantize`, models/model.int8.onnx (int8
+weights, quantized per subgraph) gets its own BLEU and speed.
 
 Writes models/model.onnx (a DVC out), models/model.int8.onnx (not a DVC out: DVC requires
 declared outs to exist, and this one is optional) and models/export_metrics.json. MLflow gets

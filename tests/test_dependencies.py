@@ -9,10 +9,10 @@ from __future__ import annotations
 import ast
 import importlib
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent

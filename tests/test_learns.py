@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import sacrebleu
 import torch
 from helpers import train_cfg
@@ -16,6 +17,8 @@ from src.model import ModelConfig, Transformer
 from src.search import greedy_search
 from src.subword import train_spm
 from src.train import Trainer
+
+pytestmark = pytest.mark.slow
 
 
 def test_small_model_learns_toy_translation(tmp_path):

@@ -11,6 +11,7 @@ import time
 import pytest
 from helpers import REPO, TINY_PARAMS, assert_one_line_error, run_stage, scratch_root
 
+pytestmark = pytest.mark.slow
 TINY = {
     **TINY_PARAMS,
     "train": {

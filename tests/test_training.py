@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,6 +83,26 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path):
         checkpoint.load_model(path)
     with pytest.raises(PipelineError, match="not found"):
         checkpoint.load_model(tmp_path / "missing.pt")
+
+
+class Payload:
+    """Unpickling this calls Path.touch: what a crafted checkpoint would do with os.system."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_loading_a_crafted_checkpoint_runs_no_code(tmp_path):
+    model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32))
+    marker = tmp_path / "payload-ran"
+    path = tmp_path / "crafted.pt"
+    torch.save(checkpoint.model_state(model, extra=Payload(marker)), path)
+    with pytest.raises(PipelineError, match="corrupt checkpoint"):
+        checkpoint.load(path)
+    assert not marker.exists()
 
 
 def test_average_state_dicts():

@@ -1,0 +1,74 @@
+"""The README renders and its commands exist.
+
+Fences must pair up on lines of their own (a stray "``` text" once swallowed half the page), the
+page must not send users to paths of our machines, the two opening commands must be what CI
+runs, and every `python -m src.<module>` or `python scripts/<name>.py` it shows must answer
+`--help`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text(encoding="utf-8")
+FENCE = re.compile(r"^\s*```")
+
+
+def code_blocks(text: str) -> list[str]:
+    blocks, current = [], None
+    for line in text.splitlines():
+        if FENCE.match(line):
+            if current is None:
+                current = []
+            else:
+                blocks.append("\n".join(current))
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def test_fences_pair_up_and_stand_alone():
+    fences = [line for line in README.splitlines() if FENCE.match(line)]
+    assert len(fences) % 2 == 0, "unbalanced ``` fences"
+    for line in fences:
+        assert re.fullmatch(r"\s*```[\w-]*", line), f"text after a fence: {line!r}"
+
+
+def test_no_paths_of_our_machines():
+    assert "../shared" not in README and "/work/" not in README
+
+
+def test_opens_with_the_main_command_and_the_test_command():
+    first, second = code_blocks(README)[:2]
+    assert "dvc repro" in first and "pip install" in first
+    assert "pytest" in second and "pip install" in second
+    # .ci/run runs the README's second command verbatim, so the two cannot drift apart.
+    assert "README.md" in (REPO / ".ci/run").read_text(encoding="utf-8")
+
+
+def commands_shown() -> list[list[str]]:
+    """Every module or script the README tells a user to run, in code blocks or inline."""
+    found = set(re.findall(r"python -m (src\.\w+)", README))
+    found |= {f"scripts/{name}" for name in re.findall(r"python scripts/(\w+\.py)", README)}
+    return [["-m", c] if c.startswith("src.") else [c] for c in sorted(found)]
+
+
+def test_readme_shows_the_stage_commands():
+    shown = {" ".join(c) for c in commands_shown()}
+    stages = {"download", "split", "tokenize_corpus", "train", "evaluate", "export", "infer"}
+    assert {f"-m src.{s}" for s in stages} <= shown, shown
+
+
+@pytest.mark.parametrize("command", commands_shown(), ids=" ".join)
+def test_every_command_shown_answers_help(command):
+    result = subprocess.run([sys.executable, *command, "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout.lower(), result.stdout

@@ -1,0 +1,69 @@
+"""The helper scripts: the experiment driver never loses params edits, and docs/results.md is
+what scripts/results.py renders from the raw rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_experiment_row_puts_back_the_users_params(tmp_path, monkeypatch, fails):
+    experiments = load_script("experiments")
+    params = tmp_path / "params.yaml"
+    edited = b"train:\n  epochs: 7   # an uncommitted edit of the user\n"
+    params.write_bytes(edited)
+    commands = []
+
+    def fake_run(cmd, cwd, check):
+        commands.append(cmd)
+        params.write_bytes(b"train:\n  epochs: 1\n")  # what `dvc exp run -S` leaves behind
+        if fails:
+            raise subprocess.CalledProcessError(1, cmd)
+
+    monkeypatch.setattr(experiments.subprocess, "run", fake_run)
+    results = tmp_path / "rows.jsonl"
+    if fails:
+        with pytest.raises(subprocess.CalledProcessError):
+            experiments.run_row("greedy", {}, results, root=tmp_path)
+        assert not results.exists()
+    else:
+        row = experiments.run_row("greedy", {}, results, root=tmp_path)
+        assert json.loads(results.read_text()) == row
+    assert params.read_bytes() == edited
+    assert [c[:3] for c in commands] == [["dvc", "exp", "run"]]  # no git command, ever
+
+
+def test_results_page_is_up_to_date():
+    result = subprocess.run([sys.executable, "scripts/results.py", "--check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_results_page_follows_the_raw_rows(tmp_path):
+    results = load_script("results")
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+    run = json.loads((docs / "benchmarks/default_run.json").read_text())
+    run["test"]["bleu"] = 12.34
+    (docs / "benchmarks/default_run.json").write_text(json.dumps(run))
+    with (docs / "experiments.jsonl").open("a") as fh:
+        fh.write(json.dumps({"name": "short-new", "what": "a new row", "bleu": 5.67,
+                             "chrf": 8.9, "overrides": {"train.lr": "1e-3"}}) + "\n")
+    page = results.render(docs)
+    assert "**12.34**" in page and "| short-new | a new row | `-S train.lr=1e-3` | 5.67 |" in page
