@@ -1,12 +1,21 @@
 """One error type for problems a user can fix, and the CLI seam that prints them as one line.
 
-Stages raise `PipelineError("what is wrong and what to do")`; `run_cli` turns it (and a few
-well-known failures) into a single line on stderr and exit code 1, never a traceback.
+Stages raise `PipelineError("what is wrong and what to do")`; `run_cli` turns it, usage
+errors, OS errors (disk full, permissions) and even unexpected exceptions into a single
+`error: …` line on stderr, never a traceback. Exit codes: 0 ok, 1 failure, 2 bad command line,
+130 interrupted. `NMT_DEBUG=1` re-raises, for developers who want the traceback.
+
+Usage errors are recognised by shape (`format_message` + `exit_code`), not by class: typer up
+to 0.2x raises click's exceptions, typer 0.29 raises those of its own vendored click, and a
+class check against one of them silently misses the other.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+import traceback
 
 import typer
 
@@ -15,30 +24,62 @@ class PipelineError(Exception):
     """A failure caused by input, configuration or environment, explained in one line."""
 
 
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    return callable(getattr(exc, "format_message", None)) and isinstance(
+        getattr(exc, "exit_code", None), int
+    )
+
+
+def _is_exit(exc: BaseException) -> bool:
+    """typer.Exit / click.exceptions.Exit (`--help`, explicit exits), whichever click is in use."""
+    return type(exc).__name__ == "Exit" and isinstance(getattr(exc, "exit_code", None), int)
+
+
+def _save_traceback() -> str:
+    fd, path = tempfile.mkstemp(prefix="nmt-traceback-", suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        traceback.print_exc(file=fh)
+    return path
+
+
 def run_cli(app: typer.Typer) -> None:
-    """Run a Typer app; user-facing failures end with `error: …` and exit 1."""
+    """Run a Typer app; every failure ends with one `error: …` line and a non-zero exit."""
+    if os.environ.get("NMT_DEBUG") == "1":
+        app()
+        return
     try:
         app(standalone_mode=False)
     except PipelineError as exc:
         _die(str(exc))
     except KeyboardInterrupt:
-        _die("interrupted")
-    except typer.Exit as exc:  # --help and explicit exits
-        sys.exit(exc.exit_code)
-    except (typer.BadParameter, typer.Abort) as exc:
-        _die(str(exc))
-    except Exception as exc:  # click usage errors carry their own formatting
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        _die("interrupted", 130)
+    except typer.Abort:
+        _die("aborted")
+    except BrokenPipeError:  # `… | head`: the reader left; not an error worth a message
+        sys.stderr.close()
+        os._exit(1)
+    except Exception as exc:
+        if _is_exit(exc):
             sys.exit(exc.exit_code)
-        raise
+        if _is_usage_error(exc):  # bad option, missing or extra argument, bad option value
+            _die(f"{one_line(exc.format_message())} (see --help)", exc.exit_code)
+        if isinstance(exc, MemoryError):
+            _die("out of memory")
+        if isinstance(exc, OSError) and exc.strerror:
+            where = f": {exc.filename}" if exc.filename else ""
+            _die(f"{exc.strerror}{where}")
+        path = _save_traceback()
+        _die(f"unexpected {type(exc).__name__}: {one_line(exc)[:300]} "
+             f"(a bug; traceback saved to {path}, NMT_DEBUG=1 shows it)")
 
 
-def _die(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
+def _die(message: str, code: int = 1) -> None:
+    print(f"error: {one_line(message)}", file=sys.stderr)
+    sys.exit(code)
 
 
 def require_file(path, produced_by: str) -> None:

@@ -24,7 +24,7 @@ from src.errors import require_file, run_cli
 from src.params import EvaluateParams, load_params
 from src.scoring import bleu_tokenizer, score
 from src.search import translate_ids
-from src.subword import load_tokenizers
+from src.subword import check_encoded_with, load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -50,6 +50,7 @@ def main(
         require_file(path, stage)
     torch.set_num_threads(os.cpu_count() or 1)
     model, _ = checkpoint.load_model(model_path)
+    check_encoded_with(split_dir, tokenizer_dir)
     tok = load_tokenizers(tokenizer_dir)
     part = load_from_disk(str(split_dir))[split]
     sources, references = list(part["source"]), list(part["target"])

@@ -32,7 +32,7 @@ from src.errors import PipelineError, require_file, run_cli
 from src.params import ExportParams, load_params
 from src.scoring import bleu
 from src.search import beam_search, greedy_search, max_output_length
-from src.subword import BOS, EOS, PAD, UNK, Tokenizers, load_tokenizers
+from src.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with, load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -206,6 +206,7 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         require_file(path, stage)
     torch.set_num_threads(os.cpu_count() or 1)
     model, _ = checkpoint.load_model(model_path)
+    check_encoded_with(split_dir, tokenizer_dir)
     tok = load_tokenizers(tokenizer_dir)
     check_vocab(model, tok)
     part = load_from_disk(str(split_dir))["test"]

@@ -3,6 +3,12 @@
 Each stage loads only the sections it reads, one typed call each
 (`cfg = load_params(TrainParams)` returns a `TrainParams`), and dvc.yaml lists exactly those
 keys, so DVC re-runs a stage exactly when something it reads has changed.
+
+Every call validates the **whole** file, so a typo in `export` fails the first stage, not the
+last one hours later. Types are strict (`epochs: "5"`, `seed: true`, `shared_vocab: "yes"` are
+refused, not coerced), infinities and NaN are refused, duplicate keys are refused, and
+cross-field rules (`d_model` divisible by `n_heads`, distinct source/target columns) are
+checked here rather than deep inside a stage.
 """
 
 from __future__ import annotations
@@ -11,14 +17,21 @@ from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from src import paths
 from src.errors import PipelineError
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
     section: ClassVar[str]  # its name in params.yaml
 
 
@@ -31,13 +44,21 @@ class PairParams(Section):
     source_column: int = Field(ge=0)
     target_column: int = Field(ge=0)
 
+    @model_validator(mode="after")
+    def _distinct_columns(self):
+        if self.source_column == self.target_column:
+            raise ValueError("source_column and target_column must differ")
+        return self
+
 
 class DownloadParams(Section):
     section: ClassVar[str] = "download"
     url: str = Field(min_length=1)  # "{lang}" in it: one text file per language
     test_url: str  # a predefined test set in the same forms; "": split carves one out
     member: str  # file inside a zip archive; "" picks the largest .txt/.tsv member
-    timeout_s: float = Field(gt=0)
+    timeout_s: float = Field(gt=0)  # deadline per file (a stalled read fails sooner)
+    max_bytes: int = Field(gt=0)  # cap on a downloaded payload and on an unzipped member
+    sha256: str = Field(pattern=r"^([0-9a-f]{64})?$")  # pins the corpus TSV; "": not pinned
 
 
 class SplitParams(Section):
@@ -46,6 +67,13 @@ class SplitParams(Section):
     valid_size: float = Field(gt=0)  # < 1: fraction of source sentences; >= 1: their count
     test_size: float = Field(gt=0)
     max_chars: int = Field(gt=0)  # longer lines (either side) are dropped and counted
+
+    @field_validator("valid_size", "test_size")
+    @classmethod
+    def _fraction_or_count(cls, value: float) -> float:
+        if value >= 1 and value != int(value):
+            raise ValueError("must be a fraction below 1 or a whole count of sentences")
+        return value
 
 
 class TokenizeParams(Section):
@@ -71,6 +99,13 @@ class ModelParams(Section):
     pre_norm: bool
     max_positions: int = Field(gt=0)
     tie_embeddings: bool
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self):
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"d_model ({self.d_model}) must be n_heads ({self.n_heads}) times "
+                             "an even head size")
+        return self
 
 
 class TrainParams(Section):
@@ -125,25 +160,40 @@ SECTIONS: dict[str, type[Section]] = {
 S = TypeVar("S", bound=Section)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML loader that refuses a key given twice (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise PipelineError(
+                    f"params.yaml line {key_node.start_mark.line + 1}: duplicate key '{key}'"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path | None = None) -> dict:
     path = Path(path or paths.PARAMS)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise PipelineError(f"params file not found: {path}") from None
+    except UnicodeDecodeError:
+        raise PipelineError(f"{path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise PipelineError(f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
     if not isinstance(raw, dict):
         raise PipelineError(f"{path} must be a mapping of sections")
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS), key=str)
     if unknown:
         raise PipelineError(f"params.yaml: unknown section '{unknown[0]}'")
     return raw
 
 
-def load_params(kind: type[S], path: Path | None = None) -> S:
-    """One section of params.yaml, validated; errors name the offending key, e.g. `train.lr`."""
-    raw = read_yaml(path)
+def _validate(kind: type[S], raw: dict) -> S:
     name = kind.section
     if name not in raw:
         raise PipelineError(f"params.yaml: missing section '{name}'")
@@ -160,4 +210,17 @@ def load_params(kind: type[S], path: Path | None = None) -> S:
             raise PipelineError(f"params.yaml: unknown key '{key}'") from None
         if error == "missing":
             raise PipelineError(f"params.yaml: missing key '{key}'") from None
-        raise PipelineError(f"params.yaml: bad value for '{key}': {err['msg']}") from None
+        message = err["msg"].removeprefix("Value error, ")
+        got = f" (got {err['input']!r})" if err["loc"] else ""
+        raise PipelineError(f"params.yaml: bad value for '{key}': {message}{got}") from None
+
+
+def load_params(kind: type[S], path: Path | None = None) -> S:
+    """One section of params.yaml, after validating every section of the file.
+
+    Errors name the offending key, e.g. `params.yaml: bad value for 'train.lr'`.
+    """
+    raw = read_yaml(path)
+    for section in SECTIONS.values():
+        _validate(section, raw)
+    return _validate(kind, raw)

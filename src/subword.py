@@ -7,6 +7,7 @@ finds everything beside the model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,28 @@ from src.errors import PipelineError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 META = "tokenizer.json"
+# Written by tokenize into the encoded data: the digest of the tokenizer that made the ids.
+ENCODED_WITH = "tokenizer.sha256"
+
+
+def tokenizer_digest(tokenizer_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for name in ("source.model", "target.model", META):
+        path = Path(tokenizer_dir) / name
+        digest.update(name.encode())
+        digest.update(path.read_bytes() if path.exists() else b"")
+    return digest.hexdigest()
+
+
+def check_encoded_with(data_dir: Path, tokenizer_dir: Path) -> None:
+    """Encoded data must come from the tokenizer beside it: tokenize replaces the two folders
+    one after the other, and a kill in between would pair new ids with an old vocabulary."""
+    stamp = Path(data_dir) / ENCODED_WITH
+    if not stamp.exists() or stamp.read_text().strip() != tokenizer_digest(tokenizer_dir):
+        raise PipelineError(
+            f"{data_dir} was not encoded with the tokenizer in {tokenizer_dir} "
+            "(an interrupted or older tokenize run): run `dvc repro tokenize` again"
+        )
 
 
 @dataclass

@@ -20,7 +20,17 @@ from src import paths, tracking
 from src.atomic import atomic_dir, write_json
 from src.errors import require_file, run_cli
 from src.params import PairParams, TokenizeParams, load_params
-from src.subword import BOS, EOS, META, PAD, UNK, load_tokenizers, train_spm
+from src.subword import (
+    BOS,
+    ENCODED_WITH,
+    EOS,
+    META,
+    PAD,
+    UNK,
+    load_tokenizers,
+    tokenizer_digest,
+    train_spm,
+)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -102,6 +112,7 @@ def main(
                 stats.update(length_stats(tgt, "target"))
         with atomic_dir(out_dir) as tmp:
             DatasetDict(encoded).save_to_disk(str(tmp))
+            (tmp / ENCODED_WITH).write_text(tokenizer_digest(tokenizer_dir) + "\n")
         write_json(metrics, stats)
         run.log_metrics(stats)
         run.log_artifacts(tokenizer_dir, "tokenizer")

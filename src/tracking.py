@@ -7,12 +7,17 @@
   (derived from the dvc process that spawned them). The runs of one repro are nested under a
   parent run named `repro <time>`, so the UI shows them as one expandable group.
 * `NMT_TRACKING=off` disables tracking (unit tests, quick local runs).
+* Tracking is best effort: a locked sqlite file or a tracking-server blip is reported once per
+  kind on stderr and the stage goes on (its files are the first copy of every result); a run
+  that cannot even be opened falls back to no tracking, with a warning.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +55,32 @@ class NullRun:
         return None
 
 
+_warned: set[str] = set()  # MLflow calls that failed already (warned once each)
+
+
+def warn_once(what: str, exc: Exception) -> None:
+    if what in _warned:
+        return
+    _warned.add(what)
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    print(f"warning: MLflow {what} failed ({type(exc).__name__}: {first}); the stage goes on, "
+          "its output files hold every result", file=sys.stderr)
+
+
+def best_effort(method):
+    """Run an MLflow call; on failure warn (once per method) and return None."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            warn_once(method.__name__, exc)
+            return None
+
+    return wrapper
+
+
 class MlflowRun(NullRun):
     def __init__(self, client, run_id: str):
         self._client = client
@@ -59,36 +90,43 @@ class MlflowRun(NullRun):
     def run_id(self) -> str:
         return self._run_id
 
+    @best_effort
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         import mlflow
 
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
+    @best_effort
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         import mlflow
 
         mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
+    @best_effort
     def log_artifacts(self, path: Path, artifact_path: str | None = None) -> None:
         import mlflow
 
         mlflow.log_artifacts(str(path), artifact_path=artifact_path)
 
+    @best_effort
     def log_table(self, data: dict[str, list], artifact_file: str) -> None:
         import mlflow
 
         mlflow.log_table(data=data, artifact_file=artifact_file)
 
+    @best_effort
     def log_dict(self, data: dict, artifact_file: str) -> None:
         import mlflow
 
         mlflow.log_dict(data, artifact_file)
 
+    @best_effort
     def set_tags(self, tags: dict[str, str]) -> None:
         import mlflow
 
         mlflow.set_tags(tags)
 
+    @best_effort
     def register_model(self, artifact_path: str, name: str) -> str:
         """A new version of registered model `name` from a logged artifact directory."""
         from mlflow.exceptions import MlflowException
@@ -183,10 +221,31 @@ def _parent_run(client, experiment_id: str, group: str, tags: dict[str, str]) ->
 
 @contextmanager
 def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = ()) -> Iterator[NullRun]:
-    """Open the MLflow run of one stage execution; the run fails if the stage raises."""
+    """Open the MLflow run of one stage execution; the run fails if the stage raises.
+
+    If the tracking store cannot be opened, the stage runs untracked (with a warning).
+    """
     if not enabled():
         yield NullRun()
         return
+    try:
+        opened = _open_run(stage, params, deps)
+    except Exception as exc:
+        warn_once("tracking", exc)
+        yield NullRun()
+        return
+    import mlflow
+
+    client, run, parent = opened
+    status = "FAILED"
+    try:
+        yield MlflowRun(client, run.info.run_id)
+        status = "FINISHED"
+    finally:
+        _finish(mlflow, client, parent, status)
+
+
+def _open_run(stage: str, params: dict[str, Any], deps: list[Path]):
     import logging
 
     import mlflow
@@ -203,11 +262,17 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = ()) -> Iter
     tags.update(data_hashes(list(deps)))
     parent = _parent_run(client, experiment.experiment_id, group, {"git_commit": commit})
     tags["mlflow.parentRunId"] = parent
-    with mlflow.start_run(run_name=stage, tags=tags) as run:
-        flat = flatten(params)
-        if flat:
-            mlflow.log_params(flat)
+    run = mlflow.start_run(run_name=stage, tags=tags)
+    flat = flatten(params)
+    if flat:
         try:
-            yield MlflowRun(client, run.info.run_id)
-        finally:
-            client.set_terminated(parent, "FINISHED")
+            mlflow.log_params(flat)
+        except Exception as exc:
+            warn_once("log_params", exc)
+    return client, run, parent
+
+
+@best_effort
+def _finish(mlflow, client, parent: str, status: str) -> None:
+    mlflow.end_run(status)
+    client.set_terminated(parent, "FINISHED")

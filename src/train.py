@@ -15,29 +15,26 @@ and data. The final `models/model.pt` averages the `train.average_last` best epo
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from src import checkpoint, paths, tracking
+from src import checkpoint, failpoints, paths, tracking
 from src.atomic import atomic_path, write_json
 from src.batching import load_encoded, make_batch, token_batches
 from src.errors import PipelineError, require_file, run_cli
 from src.model import Transformer, count_parameters, model_config
 from src.params import ModelParams, TrainParams, load_params
-from src.scoring import bleu as corpus_bleu
-from src.search import translate_ids
-from src.subword import PAD, Tokenizers, load_tokenizers
+from src.resume import ResumeStore, TrainState, data_digest, note, set_rng_state, trajectory_params
+from src.selection import EpochSelection
+from src.subword import PAD, check_encoded_with, load_tokenizers
+from src.validation import ValidScorer, token_loss
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -50,124 +47,6 @@ def lr_factor(step: int, cfg: TrainParams, total_steps: int) -> float:
         return math.sqrt(max(cfg.warmup_steps, 1) / (step + 1)) if cfg.warmup_steps else 1.0
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def token_loss(
-    model: Transformer, batch, label_smoothing: float
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Summed label-smoothed loss and summed NLL over non-pad target tokens, and their count.
-
-    Only non-pad positions go through the output projection: the vocabulary matmul is the
-    single largest cost, and padding would waste it.
-    """
-    memory, src_mask = model.encode(batch.src)
-    hidden = model.decode(batch.tgt_in, memory, src_mask)
-    keep = batch.tgt_out != PAD
-    logits = model.generator(hidden[keep]).float()  # (N, V)
-    labels = batch.tgt_out[keep]
-    loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="sum")
-    nll = F.cross_entropy(logits.detach(), labels, reduction="sum")
-    return loss, nll, int(keep.sum())
-
-
-@torch.no_grad()
-def validation_loss(model: Transformer, sources, targets, max_tokens: int, device) -> float:
-    model.eval()
-    total, count = 0.0, 0
-    for idx in token_batches(
-        [len(s) for s in sources], [len(t) for t in targets], max_tokens, seed=0, shuffle=False
-    ):
-        batch = make_batch(
-            [sources[i] for i in idx], [targets[i] for i in idx], model.max_positions
-        ).to(device)
-        _, nll, n = token_loss(model, batch, 0.0)
-        total, count = total + float(nll), count + n
-    model.train()
-    return total / max(count, 1)
-
-
-VALID_MAX_LENGTH_RATIO = 2.0  # as evaluate's default; train must not read evaluate's params
-VALID_BATCH_SIZE = 64
-
-
-@torch.no_grad()
-def validation_bleu(
-    model: Transformer, sources, targets, tokenizers: Tokenizers, target_lang: str
-) -> float:
-    """Greedy corpus BLEU on the valid split (references decoded from their ids)."""
-    model.eval()
-    hyps = translate_ids(model, sources, 1, 1.0, VALID_MAX_LENGTH_RATIO, VALID_BATCH_SIZE)
-    model.train()
-    refs = tokenizers.decode_target([list(t) for t in targets])
-    return corpus_bleu(tokenizers.decode_target(hyps), refs, target_lang)
-
-
-@dataclass
-class ValidScorer:
-    """Scores the model on the valid split after each epoch.
-
-    `criterion` is what ranks epochs, lower is better: the valid loss, or minus greedy BLEU.
-    """
-
-    data: tuple[list, list]
-    max_tokens: int
-    select_by: str
-    tokenizers: Tokenizers | None = None
-    target_lang: str = ""
-
-    def __call__(self, model: Transformer, device) -> dict:
-        row = {"valid_loss": validation_loss(model, *self.data, self.max_tokens, device)}
-        row["valid_ppl"] = math.exp(min(row["valid_loss"], 50))
-        if self.select_by == "bleu":
-            row["valid_bleu"] = validation_bleu(model, *self.data, self.tokenizers,
-                                                self.target_lang)
-            row["criterion"] = -row["valid_bleu"]
-        else:
-            row["criterion"] = row["valid_loss"]
-        return row
-
-
-@dataclass
-class TrainState:
-    """Everything besides tensors that a resumed run must get back."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # epoch in progress (0-based)
-    batch_in_epoch: int = 0  # batches of `epoch` already consumed
-    best_criterion: float = float("inf")  # lowest ValidScorer criterion so far
-    bad_epochs: int = 0
-    finished: bool = False  # early-stopped or out of steps/time: a resume trains no further
-    train_seconds: float = 0.0
-    tokens_seen: int = 0
-    epoch_criteria: dict[int, float] = field(default_factory=dict)  # kept epoch -> criterion
-    curve: list[dict] = field(default_factory=list)
-    valid_curve: list[dict] = field(default_factory=list)
-
-
-def fingerprint(params: dict, *data_dirs: Path) -> str:
-    """What a checkpoint must match to be resumed: the params it was trained with and the data."""
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
-    for data_dir in data_dirs:
-        for path in sorted(Path(data_dir).rglob("*")):
-            if path.is_file():
-                digest.update(path.name.encode())
-                digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def rng_state() -> dict:
-    return {
-        "python": random.getstate(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -185,8 +64,8 @@ class Trainer:
         cfg: TrainParams,
         device: torch.device,
         total_steps: int,
-        ckpt_dir: Path,
-        fingerprint: str,
+        store: ResumeStore,
+        threads: int,
     ):
         self.model, self.cfg, self.device = model, cfg, device
         decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -210,60 +89,39 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(
             "cuda", enabled=self.amp and self.amp_dtype == torch.float16
         )
-        self.ckpt_dir, self.fingerprint = ckpt_dir, fingerprint
-        self.state = TrainState()
+        self.store = store
+        self.state = TrainState(threads=threads)
 
-    # -- checkpoints -------------------------------------------------------------------------
+    # -- resume ----------------------------------------------------------------------------
     def save_last(self) -> None:
-        checkpoint.save(
-            checkpoint.model_state(
-                self.model,
-                optimizer=self.optimizer.state_dict(),
-                scheduler=self.scheduler.state_dict(),
-                scaler=self.scaler.state_dict(),
-                state=self.state.__dict__,
-                rng=rng_state(),
-                fingerprint=self.fingerprint,
-            ),
-            self.ckpt_dir / "last.pt",
+        self.store.save(
+            self.state,
+            self.model,
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
         )
 
     def try_resume(self) -> bool:
-        last = self.ckpt_dir / "last.pt"
-        if not last.exists():
-            return False
-        try:
-            ckpt = checkpoint.load(last)
-        except PipelineError as exc:
-            raise PipelineError(f"{exc}; delete {self.ckpt_dir} to train from scratch") from None
-        if ckpt.get("fingerprint") != self.fingerprint:
-            print(f"train: {last} was made with other params or data; starting afresh")
+        ckpt = self.store.load()
+        if ckpt is None:
             return False
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
+        threads = self.state.threads
         self.state = TrainState(**ckpt["state"])
         set_rng_state(ckpt["rng"])
         print(
-            f"train: resumed from {last} at step {self.state.step}, "
+            f"train: resumed from {self.store.last} at step {self.state.step}, "
             f"epoch {self.state.epoch + 1}, batch {self.state.batch_in_epoch}"
         )
+        if self.state.threads and self.state.threads != threads:
+            note(f"resumed with {threads} threads where the run so far used "
+                 f"{self.state.threads}: the float sums may differ in the last bits")
+        self.state.threads = threads
         return True
-
-    def keep_epoch_checkpoint(self, epoch: int, criterion: float) -> None:
-        """Keep the `average_last` best epoch checkpoints (lowest criterion), drop the rest."""
-        st = self.state
-        st.epoch_criteria[epoch] = criterion
-        checkpoint.save(
-            checkpoint.model_state(self.model), self.ckpt_dir / f"epoch{epoch + 1}.pt"
-        )
-        ranked = sorted(st.epoch_criteria, key=st.epoch_criteria.get)
-        for old in ranked[self.cfg.average_last :]:
-            (self.ckpt_dir / f"epoch{old + 1}.pt").unlink(missing_ok=True)
-        st.epoch_criteria = {e: st.epoch_criteria[e] for e in ranked[: self.cfg.average_last]}
-        if criterion < st.best_criterion:
-            checkpoint.save(checkpoint.model_state(self.model), self.ckpt_dir / "best.pt")
 
     # -- one optimizer step ------------------------------------------------------------------
     def step(self, batches) -> tuple[float, int]:
@@ -308,13 +166,16 @@ def run_training(
     run,
     max_positions: int,
     checkpoint_every_steps: int,
-) -> None:
-    cfg, st, model = trainer.cfg, trainer.state, trainer.model
+) -> EpochSelection:
+    cfg, model = trainer.cfg, trainer.model
+    st = trainer.state
+    selection = EpochSelection(trainer.store.dir, st, cfg.average_last, cfg.patience)
+    selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
     src_lens, tgt_lens = [len(s) for s in train_data[0]], [len(t) for t in train_data[1]]
     window_tokens, window_start = 0, time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
-        while not st.finished and st.epoch < cfg.epochs:
+        while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
             epoch_batches = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + st.epoch)
             bar.update(
                 task,
@@ -323,7 +184,8 @@ def run_training(
                 epoch=f"{st.epoch + 1}/{cfg.epochs}",
             )
             step_start = time.perf_counter()
-            while st.batch_in_epoch < len(epoch_batches):
+            # The budget is checked before a step, so a resumed run never takes one too many.
+            while st.batch_in_epoch < len(epoch_batches) and not out_of_budget(cfg, st):
                 group = epoch_batches[
                     st.batch_in_epoch : st.batch_in_epoch + cfg.accumulation_steps
                 ]
@@ -338,6 +200,7 @@ def run_training(
                 loss, tokens = trainer.step(batches)
                 st.batch_in_epoch += len(group)
                 st.step += 1
+                st.last_loss = loss
                 st.tokens_seen += tokens
                 window_tokens += tokens
                 now = time.perf_counter()
@@ -366,8 +229,8 @@ def run_training(
                 bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
                 if st.step % checkpoint_every_steps == 0:
                     trainer.save_last()
-                if out_of_budget(cfg, st):
-                    break
+                    failpoints.hit("after_periodic_save")
+            failpoints.hit("before_validation")
             valid = score_valid(model, trainer.device)
             criterion = valid.pop("criterion")
             st.valid_curve.append(
@@ -375,25 +238,32 @@ def run_training(
                 | {k: round(v, 4) for k, v in valid.items()}
             )
             run.log_metrics(valid | {"epoch": st.epoch + 1}, step=st.step)
-            trainer.keep_epoch_checkpoint(st.epoch, criterion)
-            improved = criterion < st.best_criterion
-            st.best_criterion = min(st.best_criterion, criterion)
-            st.bad_epochs = 0 if improved else st.bad_epochs + 1
+            improved = selection.record(model, st.epoch, criterion)
             bleu_text = f", valid BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else ""
             bar.console.print(
-                f"epoch {st.epoch + 1}: step {st.step}, train loss {loss:.3f}, "
+                f"epoch {st.epoch + 1}: step {st.step}, train loss {st.last_loss:.3f}, "
                 f"valid loss {valid['valid_loss']:.3f}{bleu_text}{' *' if improved else ''}, "
                 f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s"
             )
             st.epoch += 1
             st.batch_in_epoch = 0
-            if cfg.patience and st.bad_epochs >= cfg.patience:
-                bar.console.print(f"early stop: no valid improvement in {cfg.patience} epochs")
-                st.finished = True
-            if out_of_budget(cfg, st):
-                bar.console.print("stop: train.max_steps or train.max_minutes reached")
-                st.finished = True
             trainer.save_last()
+            failpoints.hit("after_epoch_save")
+            selection.prune()
+            reason = stop_reason(cfg, st, selection)
+            if reason and st.epoch < cfg.epochs:
+                bar.console.print(f"stop: {reason}")
+    return selection
+
+
+def stop_reason(cfg: TrainParams, st: TrainState, selection: EpochSelection) -> str:
+    """Why training should not start another epoch ("" to go on). Evaluated afresh on every
+    start, so raising a budget or the patience continues a stopped run."""
+    if selection.patience_spent():
+        return f"no valid improvement in {cfg.patience} epochs (train.patience)"
+    if out_of_budget(cfg, st):
+        return "train.max_steps or train.max_minutes reached"
+    return ""
 
 
 def out_of_budget(cfg: TrainParams, st: TrainState) -> bool:
@@ -415,18 +285,21 @@ def main(
     ckpt_dir: Path = typer.Option(paths.CHECKPOINTS, help="Resumable checkpoints dir."),
     model_out: Path = typer.Option(paths.MODELS / "model.pt", help="Final model to write."),
     metrics: Path = typer.Option(paths.TRAIN_METRICS, help="Metrics JSON to write."),
-    checkpoint_every_steps: int = typer.Option(500, help="Save last.pt this often."),
+    checkpoint_every_steps: int = typer.Option(500, min=1, help="Save last.pt this often."),
 ) -> None:
-    """Train the Transformer (params `model.*`, `train.*`); resumes from
-    models/checkpoints/last.pt when it matches the current params and data."""
+    """Train the Transformer (params `model.*`, `train.*`). A killed run resumes exactly from
+    models/checkpoints/last.pt; a change of params that shape training moves old checkpoints
+    aside (never deletes them), while threads, logging, patience and budgets may change freely."""
     model_params = load_params(ModelParams)
     cfg = load_params(TrainParams)
     require_file(data_dir, "tokenize")
     require_file(tokenizer_dir, "tokenize")
-    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+    threads = cfg.threads or os.cpu_count() or 1  # 0: all cores, resolved and recorded
+    torch.set_num_threads(threads)
     set_seed(cfg.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizers = load_tokenizers(tokenizer_dir)
+    check_encoded_with(data_dir, tokenizer_dir)
     target_lang, shared_vocab = tokenizers.target_lang, tokenizers.shared_vocab
     train_data = load_encoded(data_dir, "train")
     valid_data = load_encoded(data_dir, "valid")
@@ -447,38 +320,35 @@ def main(
         / cfg.accumulation_steps
     )
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
-    trainer = Trainer(model, cfg, device, total_steps, ckpt_dir,
-                      fingerprint(params, data_dir, tokenizer_dir))
-    if not trainer.try_resume():
-        for stale in ckpt_dir.glob("*.pt"):
-            stale.unlink()
+    store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg),
+                        data_digest(data_dir, tokenizer_dir))
+    trainer = Trainer(model, cfg, device, total_steps, store, threads)
+    trainer.try_resume()
     score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang)
     n_params = count_parameters(model)
     print(
         f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
-        f"~{steps_per_epoch:,} steps/epoch on {device} ({torch.get_num_threads()} threads)"
+        f"~{steps_per_epoch:,} steps/epoch on {device} ({threads} threads)"
     )
     with tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir]) as run:
-        run.log_metrics({"n_parameters": n_params})
-        run_training(
+        run.log_metrics({"n_parameters": n_params, "threads": threads})
+        selection = run_training(
             trainer, train_data, score_valid, run, model.max_positions, checkpoint_every_steps
         )
         st = trainer.state
-        epochs = sorted(st.epoch_criteria, key=st.epoch_criteria.get)
-        states = [checkpoint.load(ckpt_dir / f"epoch{e + 1}.pt")["model"] for e in epochs]
-        model.load_state_dict(checkpoint.average_state_dicts(states))
+        weights, epochs = selection.averaged_weights()
+        failpoints.hit("during_averaging")
+        model.load_state_dict(weights)
         final_valid = score_valid(model, device)  # of the averaged model
-        checkpoint.save(
-            checkpoint.model_state(model, averaged_epochs=[e + 1 for e in epochs]), model_out
-        )
+        checkpoint.save(checkpoint.model_state(model, averaged_epochs=epochs), model_out)
         write_curve(metrics.with_name(paths.TRAIN_CURVE.name), st.curve)
         write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)
         summary = {
             "n_parameters": n_params,
             "steps": st.step,
             "epochs": st.epoch,
+            "threads": threads,
             "train_seconds": round(st.train_seconds, 1),
             "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
             "best_epoch_valid_" + cfg.select_by: round(abs(st.best_criterion), 4),

@@ -1,26 +1,31 @@
-"""train survives a kill: it resumes from models/checkpoints/last.pt; a corrupt one is named."""
+"""train survives a kill at every dangerous point and ends bitwise where an uninterrupted run
+ends; a params change never deletes checkpoints; a corrupt last.pt is named."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 from helpers import REPO, TINY_PARAMS, assert_one_line_error, run_stage, scratch_root
 
 pytestmark = pytest.mark.slow
 TINY = {
     **TINY_PARAMS,
     "train": {
-        "epochs": 50,
-        "max_steps": 40,
+        "epochs": 3,
+        "max_steps": 0,
         "max_tokens": 1000,
         "warmup_steps": 5,
         "log_every_steps": 5,
         "threads": 1,
+        "average_last": 2,
+        "select_by": "bleu",
     },
 }
 
@@ -42,15 +47,115 @@ def tokenized_root(tmp_path_factory):
     return root
 
 
-def test_killed_training_resumes(tokenized_root):
-    root = tokenized_root
+def fresh_copy(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(src / "models/tokenizer", dst / "models/tokenizer")
+    return dst
+
+
+def train(root, failpoint: str = "", every: int = 1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off",
+           "NMT_FAILPOINT": failpoint}
+    return subprocess.run(
+        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", str(every)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def weights(root):
+    return torch.load(root / "models/model.pt", weights_only=True)["model"]
+
+
+def steps_per_epoch(root) -> int:
+    rows = (root / "models/valid_curve.csv").read_text().splitlines()[1:]
+    return int(rows[0].split(",")[1])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tokenized_root, tmp_path_factory):
+    root = fresh_copy(tokenized_root, tmp_path_factory.mktemp("clean") / "r")
+    result = train(root)
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+# Each point is reached with last.pt on disk; `:N` is the N-th time the point is reached.
+KILL_POINTS = [
+    "after_periodic_save:3",  # mid-epoch
+    "before_validation:1",  # last.pt saved on the epoch's last batch, validation not begun
+    "during_validation:2",  # the (old) UnboundLocalError `loss` after this kill
+    "after_epoch_checkpoint:2",  # epoch file and best.pt written, ranking not yet saved
+    "after_epoch_save:3",  # new ranking saved, dropped epoch files not yet deleted
+    "during_averaging:1",
+]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_killed_training_resumes_bitwise_equal(tokenized_root, uninterrupted, tmp_path, point):
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    killed = train(root, point)
+    assert killed.returncode == 137, killed.stderr
+    assert not (root / "models/model.pt").exists()
+    resumed = train(root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    expected, got = weights(uninterrupted), weights(root)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected), point
+    assert sorted(p.name for p in (root / "models/checkpoints").iterdir()) == sorted(
+        p.name for p in (uninterrupted / "models/checkpoints").iterdir()
+    )
+
+
+def test_resume_at_max_steps_takes_no_extra_step(tokenized_root, uninterrupted, tmp_path):
+    """Killed right after the periodic save that reached train.max_steps, before validation:
+    the resumed run validates and stops at exactly max_steps (it used to take one more)."""
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    max_steps = steps_per_epoch(uninterrupted) + 2  # two steps into epoch 2
+    params = (root / "params.yaml").read_text().replace("max_steps: 0", f"max_steps: {max_steps}")
+    (root / "params.yaml").write_text(params)
+    assert train(root, "before_validation:2").returncode == 137
+    resumed = train(root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f'"steps": {max_steps},' in (root / "models/train_metrics.json").read_text()
+
+
+def test_raising_epochs_continues_a_finished_run(tokenized_root, uninterrupted, tmp_path):
+    """train.epochs does not shape the trajectory (inverse-sqrt schedule): 3 epochs, then
+    epochs: 4 resumes at epoch 4 and keeps every checkpoint, instead of wiping them."""
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    shutil.copytree(uninterrupted / "models/checkpoints", root / "models/checkpoints")
+    params = (root / "params.yaml").read_text().replace("epochs: 3", "epochs: 4")
+    (root / "params.yaml").write_text(params.replace("threads: 1", "threads: 2"))
+    result = train(root)
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stdout and "epoch 4" in result.stdout
+    assert "used 1" in result.stderr  # the thread change is said, not hidden
+    assert '"epochs": 4' in (root / "models/train_metrics.json").read_text()
+
+
+def test_a_kill_leaves_no_temporary_checkpoint_files(tokenized_root, tmp_path):
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    ckpts = root / "models/checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / ".last.pt.abc123.tmp").write_bytes(b"half a checkpoint")
+    assert train(root, "after_periodic_save:1").returncode == 137
+    assert not list(ckpts.glob(".*.tmp"))
+
+
+def test_checkpoint_every_zero_steps_is_a_usage_error(tokenized_root):
+    result = train(tokenized_root, every=0)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--checkpoint-every-steps" in result.stderr
+
+
+def test_killed_by_a_signal_mid_run_resumes(tokenized_root, tmp_path):
+    """A real SIGKILL at a random moment (not a failpoint) still resumes."""
+    root = fresh_copy(tokenized_root, tmp_path / "r")
     env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "src.train", "--checkpoint-every-steps", "3"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     last = root / "models/checkpoints/last.pt"
     deadline = time.time() + 120
@@ -59,17 +164,16 @@ def test_killed_training_resumes(tokenized_root):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert last.exists(), "training never wrote a checkpoint"
-    assert not (root / "models/model.pt").exists()
     result = run_stage(root, "train")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
-    assert '"steps": 40' in (root / "models/train_metrics.json").read_text()
 
 
-def test_corrupt_checkpoint_is_named(tokenized_root):
-    last = tokenized_root / "models/checkpoints/last.pt"
+def test_corrupt_checkpoint_is_named(tokenized_root, tmp_path):
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    last = root / "models/checkpoints/last.pt"
     last.parent.mkdir(parents=True, exist_ok=True)
     last.write_bytes(b"\x80\x02garbage")
-    result = run_stage(tokenized_root, "train")
+    result = run_stage(root, "train")
     assert_one_line_error(result, "corrupt checkpoint")
-    assert "delete" in result.stderr
+    assert "move" in result.stderr

@@ -14,8 +14,11 @@ from src import checkpoint
 from src.batching import make_batch, token_batches
 from src.errors import PipelineError
 from src.model import ModelConfig, Transformer
+from src.resume import TrainState
+from src.selection import EpochSelection
 from src.subword import BOS, EOS, PAD
-from src.train import Trainer, TrainState, lr_factor, out_of_budget, token_loss
+from src.train import lr_factor, out_of_budget
+from src.validation import token_loss
 
 
 def test_make_batch_adds_bos_eos_and_pads():
@@ -125,14 +128,99 @@ def test_epochs_are_kept_and_ranked_by_criterion(tmp_path):
     config = ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
                          max_positions=16)
     model = Transformer(config)
-    trainer = Trainer(model, train_cfg(average_last=2), torch.device("cpu"), 10, tmp_path, "fp")
+    state = TrainState()
+    selection = EpochSelection(tmp_path, state, average_last=2, patience=2)
     # criterion is minus valid BLEU: epoch 1 (BLEU 20) is best, then epoch 3 (BLEU 15)
+    improved = []
     for epoch, criterion in enumerate([-20.0, -10.0, -15.0]):
         with torch.no_grad():
             next(model.parameters()).fill_(float(epoch))
-        trainer.keep_epoch_checkpoint(epoch, criterion)
-        trainer.state.best_criterion = min(trainer.state.best_criterion, criterion)
+        improved.append(selection.record(model, epoch, criterion))
+    assert improved == [True, False, False] and state.bad_epochs == 2
+    assert selection.patience_spent()
+    # nothing is deleted until the caller has saved the new ranking and prunes
+    assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == [
+        "epoch1.pt", "epoch2.pt", "epoch3.pt"]
+    selection.prune()
     assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch1.pt", "epoch3.pt"]
-    assert trainer.state.epoch_criteria == {0: -20.0, 2: -15.0}
+    assert state.epoch_criteria == {0: -20.0, 2: -15.0}
     best = checkpoint.load(tmp_path / "best.pt")["model"]
     assert float(next(iter(best.values())).flatten()[0]) == 0.0  # written at epoch 1 only
+    weights, epochs = selection.averaged_weights()
+    assert epochs == [1, 3] and float(next(iter(weights.values())).flatten()[0]) == 1.0
+
+
+def test_a_params_change_moves_checkpoints_aside_instead_of_deleting(tmp_path, capsys):
+    from src.params import ModelParams
+    from src.resume import ResumeStore, trajectory_params
+
+    model_params = ModelParams(d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
+                               pre_norm=True, max_positions=16, tie_embeddings=True)
+    model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
+    ckpts = tmp_path / "checkpoints"
+    params = trajectory_params(model_params, train_cfg())
+    ResumeStore(ckpts, params, "data-v1").save(TrainState(step=7), model)
+    (ckpts / "epoch1.pt").write_bytes(b"an epoch checkpoint")
+
+    # knobs that do not shape the trajectory: the same checkpoint resumes
+    free = train_cfg(threads=1, log_every_steps=99, max_minutes=5, patience=9, epochs=40,
+                     max_steps=1000, average_last=7)
+    ckpt = ResumeStore(ckpts, trajectory_params(model_params, free), "data-v1").load()
+    assert ckpt is not None and ckpt["state"]["step"] == 7
+
+    # a learning-rate change: moved aside whole, and stderr names the key
+    changed = trajectory_params(model_params, train_cfg(lr=5e-4))
+    assert ResumeStore(ckpts, changed, "data-v1").load() is None
+    err = capsys.readouterr().err
+    assert "train.lr 0.001 -> 0.0005" in err and "moved it to" in err
+    (aside,) = tmp_path.glob("checkpoints.old-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["epoch1.pt", "last.pt"]
+    assert list(ckpts.iterdir()) == []
+
+
+def test_other_data_or_cosine_horizon_is_not_resumed(tmp_path, capsys):
+    from src.params import ModelParams
+    from src.resume import ResumeStore, trajectory_params
+
+    model_params = ModelParams(d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
+                               pre_norm=True, max_positions=16, tie_embeddings=True)
+    model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
+    cosine = trajectory_params(model_params, train_cfg(schedule="cosine", epochs=3))
+    ResumeStore(tmp_path / "c", cosine, "data-v1").save(TrainState(), model)
+    assert ResumeStore(tmp_path / "c", cosine, "data-v2").load() is None
+    assert "data or the tokenizer changed" in capsys.readouterr().err
+    ResumeStore(tmp_path / "c", cosine, "data-v1").save(TrainState(), model)
+    longer = trajectory_params(model_params, train_cfg(schedule="cosine", epochs=4))
+    assert ResumeStore(tmp_path / "c", longer, "data-v1").load() is None  # the LR decay differs
+    assert "train.epochs 3 -> 4" in capsys.readouterr().err
+
+
+def test_an_mlflow_failure_does_not_stop_the_stage(monkeypatch, capsys):
+    import mlflow
+
+    from src import tracking
+
+    def broken(*args, **kwargs):
+        raise mlflow.exceptions.MlflowException("database is locked")
+
+    monkeypatch.setattr(mlflow, "log_metrics", broken)
+    monkeypatch.setattr(tracking, "_warned", set())
+    run = tracking.MlflowRun(client=None, run_id="r")
+    for step in range(3):
+        run.log_metrics({"train_loss": 1.0}, step=step)  # must not raise
+    err = capsys.readouterr().err
+    assert err.count("warning: MLflow log_metrics failed") == 1 and "database is locked" in err
+
+
+def test_an_unreachable_tracking_store_runs_the_stage_untracked(monkeypatch, capsys):
+    from src import tracking
+
+    def unreachable(*args):
+        raise ConnectionError("tracking server down")
+
+    monkeypatch.setenv("NMT_TRACKING", "on")
+    monkeypatch.setattr(tracking, "_warned", set())
+    monkeypatch.setattr(tracking, "_open_run", unreachable)
+    with tracking.stage_run("train", {}) as run:
+        run.log_metrics({"x": 1.0})
+    assert isinstance(run, tracking.NullRun) and "tracking server down" in capsys.readouterr().err

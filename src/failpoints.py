@@ -1,0 +1,26 @@
+"""Named points where a test can kill the process as `kill -9` would, to prove resume is exact.
+
+`NMT_FAILPOINT=name` (or `name:N`, the N-th time the point is reached) makes `hit(name)` end
+the process at once with exit code 137 — no cleanup, no `finally`, exactly like SIGKILL. Unset
+(always, outside tests) it costs one dict lookup. The idea is the failpoints of etcd/TiKV.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+KILLED = 137  # 128 + SIGKILL, what a shell reports for `kill -9`
+_hits: Counter[str] = Counter()
+
+
+def hit(name: str) -> None:
+    wanted = os.environ.get("NMT_FAILPOINT")
+    if not wanted:
+        return
+    point, _, nth = wanted.partition(":")
+    if point != name:
+        return
+    _hits[name] += 1
+    if _hits[name] == int(nth or 1):
+        os._exit(KILLED)

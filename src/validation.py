@@ -1,0 +1,92 @@
+"""Validation during training: valid loss, greedy valid BLEU, and the criterion ranking epochs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from src import failpoints
+from src.batching import make_batch, token_batches
+from src.model import Transformer
+from src.scoring import bleu as corpus_bleu
+from src.search import translate_ids
+from src.subword import PAD, Tokenizers
+
+VALID_MAX_LENGTH_RATIO = 2.0  # as evaluate's default; train must not read evaluate's params
+VALID_BATCH_SIZE = 64
+
+
+def token_loss(
+    model: Transformer, batch, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed label-smoothed loss and summed NLL over non-pad target tokens, and their count.
+
+    Only non-pad positions go through the output projection: the vocabulary matmul is the
+    single largest cost, and padding would waste it.
+    """
+    import torch.nn.functional as F
+
+    memory, src_mask = model.encode(batch.src)
+    hidden = model.decode(batch.tgt_in, memory, src_mask)
+    keep = batch.tgt_out != PAD
+    logits = model.generator(hidden[keep]).float()  # (N, V)
+    labels = batch.tgt_out[keep]
+    loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="sum")
+    nll = F.cross_entropy(logits.detach(), labels, reduction="sum")
+    return loss, nll, int(keep.sum())
+
+
+@torch.no_grad()
+def validation_loss(model: Transformer, sources, targets, max_tokens: int, device) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for idx in token_batches(
+        [len(s) for s in sources], [len(t) for t in targets], max_tokens, seed=0, shuffle=False
+    ):
+        batch = make_batch(
+            [sources[i] for i in idx], [targets[i] for i in idx], model.max_positions
+        ).to(device)
+        _, nll, n = token_loss(model, batch, 0.0)
+        total, count = total + float(nll), count + n
+    model.train()
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def validation_bleu(
+    model: Transformer, sources, targets, tokenizers: Tokenizers, target_lang: str
+) -> float:
+    """Greedy corpus BLEU on the valid split (references decoded from their ids)."""
+    model.eval()
+    hyps = translate_ids(model, sources, 1, 1.0, VALID_MAX_LENGTH_RATIO, VALID_BATCH_SIZE)
+    model.train()
+    refs = tokenizers.decode_target([list(t) for t in targets])
+    return corpus_bleu(tokenizers.decode_target(hyps), refs, target_lang)
+
+
+@dataclass
+class ValidScorer:
+    """Scores the model on the valid split after each epoch.
+
+    `criterion` is what ranks epochs, lower is better: the valid loss, or minus greedy BLEU.
+    """
+
+    data: tuple[list, list]
+    max_tokens: int
+    select_by: str
+    tokenizers: Tokenizers | None = None
+    target_lang: str = ""
+
+    def __call__(self, model: Transformer, device) -> dict:
+        row = {"valid_loss": validation_loss(model, *self.data, self.max_tokens, device)}
+        row["valid_ppl"] = math.exp(min(row["valid_loss"], 50))
+        failpoints.hit("during_validation")
+        if self.select_by == "bleu":
+            row["valid_bleu"] = validation_bleu(model, *self.data, self.tokenizers,
+                                                self.target_lang)
+            row["criterion"] = -row["valid_bleu"]
+        else:
+            row["criterion"] = row["valid_loss"]
+        return row
