@@ -1,7 +1,10 @@
-"""Atomic writes: a reader (or DVC) never sees a half-written output.
+"""Atomic, durable writes: a reader (or DVC) never sees a half-written output, even after a
+power cut.
 
-Everything is written to a temporary sibling and moved into place with `os.replace`, which is
-atomic on POSIX when source and destination share a filesystem.
+Everything is written to a temporary sibling, flushed to disk (`fsync`), and moved into place
+with `os.replace`, which is atomic on POSIX when source and destination share a filesystem;
+the directory is fsynced too, so the rename itself survives a crash. Files get the mode a
+plain `open()` would give them (0666 minus the umask), not mkstemp's 0600.
 """
 
 from __future__ import annotations
@@ -15,6 +18,33 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # not supported on this platform/filesystem
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary file path next to `path`; move it into place only on success."""
@@ -25,8 +55,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        os.chmod(tmp_path, 0o644)  # mkstemp creates 0600; outputs should be readable like any file
+        os.chmod(tmp_path, 0o666 & ~_umask())
+        _fsync_file(tmp_path)
         os.replace(tmp_path, path)
+        _fsync_dir(path.parent)
     finally:
         tmp_path.unlink(missing_ok=True)
 
@@ -39,7 +71,11 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, 0o777 & ~_umask())
+        for child in tmp.rglob("*"):
+            if child.is_file():
+                _fsync_file(child)
+        _fsync_dir(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -48,6 +84,7 @@ def atomic_dir(path: Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -16,6 +16,7 @@ both files with the tokenizer under `model/`, registered as a new version of `nm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -153,22 +154,26 @@ def verify(path: Path, model, sources: list[list[int]], cfg: ExportParams) -> di
 
 def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
                    cfg: ExportParams) -> dict:
-    """Each file is written to a temporary sibling, checked and scored, then moved into place."""
+    """Both files are written to temporary siblings, checked and scored, and only then moved
+    into place together: a failure (say, in the int8 check) leaves the old pair untouched,
+    never a new model.onnx beside a stale model.int8.onnx."""
     onnx_path, int8_path = paths_out
     result: dict = {}
     scores = {}
-    with atomic_path(onnx_path) as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(atomic_path(onnx_path))
         onnx.save(fp32, tmp)
         result.update(verify(tmp, model, list(part["source_ids"])[: cfg.parity_sentences], cfg))
         scores["fp32"] = score_file(tmp, model, tok, part, cfg)
-    if int8 is not None:
-        with atomic_path(int8_path) as tmp:
-            onnx.save(int8, tmp)
-            check_graph(tmp)
-            scores["int8"] = score_file(tmp, model, tok, part, cfg)
-        agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
-        result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
-    else:
+        if int8 is not None:
+            # entered last, so it is moved into place first, then model.onnx
+            tmp8 = stack.enter_context(atomic_path(int8_path))
+            onnx.save(int8, tmp8)
+            check_graph(tmp8)
+            scores["int8"] = score_file(tmp8, model, tok, part, cfg)
+            agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
+            result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
+    if int8 is None:
         int8_path.unlink(missing_ok=True)  # a stale int8 file would not match model.onnx
     for name, score in scores.items():
         score.pop("ids")

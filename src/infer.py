@@ -15,17 +15,16 @@ typer only.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
-import tempfile
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import typer
 
+from src.atomic import write_text
 from src.errors import PipelineError, run_cli
+from src.text import iter_lines, read_lines
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -35,6 +34,7 @@ GRAPH_FORMAT = "nmt-beamsearch-1"  # src.onnx_graph.GRAPH_FORMAT of the files we
 # greedy batch 32 679-698 vs 657-909; beam 4 batch 32 216-270 vs 321-327. So 2.
 DEFAULT_THREADS = 2
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+MAX_BEAM = 128  # ONNX Runtime's BeamSearch refuses larger beams inside session.run
 
 
 def warn(message: str) -> None:
@@ -180,21 +180,9 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None, provider: str,
     return Translator(session, meta, *processors)
 
 
-def read_lines(stream: Iterable[str]) -> Iterator[str]:
-    for line in stream:
-        yield line.rstrip("\r\n")
-
-
-def write_atomically(path: Path, lines: list[str]) -> None:
-    """All lines or nothing: a temporary sibling moved into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.writelines(line + "\n" for line in lines)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+def stdin_lines():
+    """Lines of stdin, decoded strictly as UTF-8 (an error names the line and byte offset)."""
+    return iter_lines(sys.stdin.buffer, "<stdin>")
 
 
 @app.command()
@@ -204,7 +192,8 @@ def main(
     tokenizer: Path = typer.Option(None, help="Tokenizer dir (default: tokenizer/ beside it)."),
     input_file: Path = typer.Option(None, "--input", help="Translate this file, in batches."),
     output_file: Path = typer.Option(None, "--output", help="Write translations here."),
-    beam: int = typer.Option(None, min=1, help="Beam size (default: the export's); 1 = greedy."),
+    beam: int = typer.Option(None, min=1, max=MAX_BEAM,
+                             help="Beam size (default: the export's); 1 = greedy."),
     max_length: int = typer.Option(None, min=1, help="Max output tokens (default: as export)."),
     batch_size: int = typer.Option(32, min=1, help="Sentences per session.run (--input)."),
     provider: str = typer.Option("auto", help="auto (CUDA if it really runs), cuda or cpu."),
@@ -221,21 +210,18 @@ def main(
     translator = load_translator(onnx, tokenizer, provider, threads)
     beam = beam or int(translator.meta["beam_size"])
     if input_file is not None:
-        try:
-            lines = list(read_lines(input_file.open(encoding="utf-8")))
-        except UnicodeDecodeError:
-            raise PipelineError(f"{input_file} is not UTF-8 text") from None
+        lines = list(read_lines(input_file))
         results = translator.translate(lines, beam, max_length, batch_size)
     elif not from_stdin:
         results = translator.translate([text], beam, max_length, 1)
     elif output_file is not None:
-        results = translator.translate(list(read_lines(sys.stdin)), beam, max_length, batch_size)
+        results = translator.translate(list(stdin_lines()), beam, max_length, batch_size)
     else:  # interactive: each line is answered as soon as it is read
-        for line_no, line in enumerate(read_lines(sys.stdin), start=1):
+        for line_no, line in enumerate(stdin_lines(), start=1):
             print(translator.translate([line], beam, max_length, 1, line_no)[0], flush=True)
         return
     if output_file is not None:
-        write_atomically(output_file, results)
+        write_text(output_file, "".join(r + "\n" for r in results))
     else:
         sys.stdout.writelines(r + "\n" for r in results)
 

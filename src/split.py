@@ -6,12 +6,15 @@ distinct *source sentences* are shuffled with `split.seed` and assigned to valid
 so a sentence with several translations never straddles two splits. When `download` wrote a
 predefined test set (data/raw/test.tsv not empty), that is the test split, `split.test_size` is
 unused, and corpus pairs whose source sentence is in it are dropped from train and valid.
-Counts go to data/split_metrics.json.
+Files are decoded strictly (src/text.py): text that is not UTF-8 stops the stage with the
+file, line and byte offset instead of becoming training data. Counts go to
+data/split_metrics.json; rows a predefined test set loses are counted and warned about.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +25,7 @@ from src import paths, tracking
 from src.atomic import atomic_dir, write_json
 from src.errors import PipelineError, require_file, run_cli
 from src.params import PairParams, SplitParams, load_params
+from src.text import read_lines
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -39,12 +43,12 @@ def clean_text(text: str) -> str:
 
 
 def read_pairs(lines, pair: PairParams, max_chars: int, dedupe: bool = True) -> Cleaned:
-    """Parse TSV lines into (source, target) pairs; count why others were dropped."""
+    """Parse TSV lines (already split at "\n", see src.text) into (source, target) pairs;
+    count why others were dropped."""
     out = Cleaned()
     seen: set[Pair] = set()
     need = max(pair.source_column, pair.target_column) + 1
     for line in lines:
-        line = line.rstrip("\r\n")
         if not line.strip():
             out.dropped["empty"] += 1
             continue
@@ -131,19 +135,25 @@ def main(
     with tracking.stage_run(
         "split", {"pair": pair.model_dump(), "split": cfg.model_dump()}, deps=[corpus]
     ) as run:
-        with corpus.open(encoding="utf-8", errors="replace") as lines:
-            cleaned = read_pairs(lines, pair, cfg.max_chars)
+        cleaned = read_pairs(read_lines(corpus), pair, cfg.max_chars)
         if not cleaned.pairs:
             raise PipelineError(
                 f"{corpus}: no valid '{pair.source_lang}<TAB>{pair.target_lang}' line found"
             )
-        test = None
+        test, test_dropped = None, Counter()
         if test_tsv.exists() and test_tsv.stat().st_size:
-            # A published test set is kept whole: no length limit, duplicates stay.
-            with test_tsv.open(encoding="utf-8", errors="replace") as lines:
-                test = read_pairs(lines, pair, max_chars=10**9, dedupe=False).pairs
+            # A published test set is kept whole: no length limit, duplicates stay. Rows that
+            # cannot be scored (empty side, missing column) are counted and reported, since
+            # scores on a shortened test set are not comparable with published ones.
+            read = read_pairs(read_lines(test_tsv), pair, max_chars=10**9, dedupe=False)
+            test, test_dropped = read.pairs, read.dropped
             if not test:
                 raise PipelineError(f"{test_tsv}: the predefined test set has no valid pair")
+            if test_dropped:
+                what = ", ".join(f"{n} {why}" for why, n in sorted(test_dropped.items()))
+                print(f"warning: the predefined test set lost {sum(test_dropped.values())} of "
+                      f"{len(test) + sum(test_dropped.values())} rows ({what}); its scores are "
+                      "not comparable with published ones", file=sys.stderr)
         parts = split_grouped(cleaned.pairs, cfg, test)
         write_parts(parts, out_dir)
         # corpus pairs left out because their source sentence is in the predefined test set
@@ -152,6 +162,7 @@ def main(
             "kept": len(cleaned.pairs),
             "dropped_in_test_set": in_test_set,
             "predefined_test": int(bool(test)),
+            **{f"test_dropped_{k}": test_dropped.get(k, 0) for k in ("empty", "malformed")},
             **{
                 f"dropped_{k}": cleaned.dropped.get(k, 0)
                 for k in ("empty", "malformed", "too_long", "duplicate")

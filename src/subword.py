@@ -106,8 +106,25 @@ def train_spm(
             minloglevel=2,
         )
     except RuntimeError as exc:
-        raise PipelineError(f"sentencepiece training failed: {exc}".splitlines()[0]) from None
+        why = explain_spm_failure(str(exc), vocab_size, character_coverage)
+        raise PipelineError(why) from None
     return buffer.getvalue()
+
+
+def explain_spm_failure(message: str, vocab_size: int, character_coverage: float) -> str:
+    """SentencePiece's `INTERNAL: trainer_interface.cc(638) [...]` as a fix a user can make."""
+    import re
+
+    too_small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if too_small:
+        needed = int(too_small.group(2))
+        return (f"tokenize.vocab_size={vocab_size} is too small for this corpus: covering "
+                f"tokenize.character_coverage={character_coverage} of its characters takes "
+                f"{needed:,} pieces before any subword; raise tokenize.vocab_size above "
+                f"{needed + 4:,} (several times that for good subwords) or lower "
+                "tokenize.character_coverage")
+    text = re.sub(r"^\w+: \S+\(\d+\) \[.*?\] ", "", message.strip().splitlines()[0])
+    return f"sentencepiece training failed: {text}"
 
 
 def load_tokenizers(directory: Path) -> Tokenizers:

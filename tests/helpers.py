@@ -37,11 +37,18 @@ def stage_module(stage: str) -> str:
 
 
 def run_stage(
-    root: Path, stage: str, *args: str, stdin: str | None = None, tracking: bool = False
+    root: Path, stage: str, *args: str, stdin: str | None = None, tracking: bool = False,
+    stdin_bytes: bytes | None = None,
 ) -> subprocess.CompletedProcess:
     """`python -m src.<module>` of a stage with NMT_ROOT=root, as DVC runs it (code from this
     checkout)."""
     env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "on" if tracking else "off"}
+    if stdin_bytes is not None:  # raw bytes in; output decoded leniently for the asserts
+        result = subprocess.run([sys.executable, "-m", stage_module(stage), *args], cwd=REPO,
+                                env=env, input=stdin_bytes, capture_output=True, timeout=600)
+        return subprocess.CompletedProcess(
+            result.args, result.returncode, result.stdout.decode("utf-8", "replace"),
+            result.stderr.decode("utf-8", "replace"))
     return subprocess.run(
         [sys.executable, "-m", stage_module(stage), *args],
         cwd=REPO,
@@ -53,9 +60,12 @@ def run_stage(
     )
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
-    """Failure with exit 1 and a single `error: …` line naming the problem, no traceback."""
-    assert result.returncode == 1, result.stderr
+def assert_one_line_error(
+    result: subprocess.CompletedProcess, fragment: str, code: int = 1
+) -> None:
+    """Failure with exit `code` (2: bad command line) and a single `error: …` line naming the
+    problem, no traceback."""
+    assert result.returncode == code, result.stderr
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and fragment in lines[0], lines[0]

@@ -22,7 +22,7 @@ from src import checkpoint, onnx_graph
 from src.batching import clip_source, make_batch, pad
 from src.model import ModelConfig, Transformer
 from src.search import beam_search, greedy_search, max_output_length
-from src.subword import META, train_spm
+from src.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
 
 pytestmark = pytest.mark.slow
 MAX_POSITIONS = 48
@@ -87,6 +87,8 @@ def project(tmp_path_factory, one_thread) -> Path:
     columns |= {"source_ids": sp.encode(columns["source"]),
                 "target_ids": sp.encode(columns["target"])}
     DatasetDict({"test": Dataset.from_dict(columns)}).save_to_disk(str(root / "data/tokenized"))
+    stamp = tokenizer_digest(root / "models/tokenizer")
+    (root / "data/tokenized" / ENCODED_WITH).write_text(stamp)
     result = run_stage(root, "export")
     assert result.returncode == 0, result.stderr
     return root
@@ -221,6 +223,29 @@ def test_infer_errors_are_one_line(project, tmp_path):
     assert_one_line_error(infer(project, "hi", "--provider", "tpu"), "--provider")
 
 
+def test_infer_invalid_utf8_on_stdin_is_one_line_naming_the_line(project):
+    result = run_stage(project, "infer", "--onnx", str(project / "models/model.onnx"),
+                       stdin_bytes=b"one cat\ntwo dogs\n\xc3\x28 broken\n")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == result.stderr.strip().splitlines()[-1:]  # one error line, at the end
+    assert "<stdin>: not UTF-8 text at line 3" in errors[0]
+    assert len(result.stdout.splitlines()) == 2  # the lines before it were translated
+
+
+def test_infer_output_file_is_readable_like_any_file(project, tmp_path):
+    import os
+
+    source = tmp_path / "in.txt"
+    source.write_text("one cat\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    result = infer(project, "--input", str(source), "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+
+
 def test_infer_refuses_a_tokenizer_that_does_not_match(project, tmp_path):
     other = train_spm([e for e, _ in toy_pairs()], vocab_size=60, model_type="unigram",
                       character_coverage=1.0, byte_fallback=False, seed=0)
@@ -271,3 +296,26 @@ def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
     got = onnx_graph.run_search(session(path), src.numpy(), 6, 1, 1.0)
     assert got == greedy_search(model, src, 6)
     assert all(tok not in (0, BOS, UNK) for row in got for tok in row) and got[0]
+
+
+def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
+    """Before: model.onnx was replaced, then the int8 check failed, leaving a stale int8 twin."""
+    from datasets import load_from_disk
+
+    from src.errors import PipelineError
+    from src.export import write_verified
+    from src.params import ExportParams, load_params
+    from src.subword import load_tokenizers
+
+    models = project / "models"
+    old = {name: (models / name).read_bytes() for name in ("model.onnx", "model.int8.onnx")}
+    model, _ = checkpoint.load_model(models / "model.pt")
+    cfg = load_params(ExportParams, path=project / "params.yaml")
+    part = load_from_disk(str(project / "data/tokenized"))["test"]
+    broken_int8 = onnx.ModelProto()  # fails onnx.checker
+    with pytest.raises(PipelineError, match="fails onnx.checker"):
+        write_verified(onnx.load(str(models / "model.onnx")), broken_int8,
+                       (models / "model.onnx", models / "model.int8.onnx"), model,
+                       load_tokenizers(models / "tokenizer"), part, cfg)
+    assert {name: (models / name).read_bytes() for name in old} == old
+    assert not list(models.glob(".*.tmp"))

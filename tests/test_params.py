@@ -59,3 +59,51 @@ def test_unknown_section_and_missing_file(tmp_path):
         load_params(TrainParams, path=write(tmp_path, raw))
     with pytest.raises(PipelineError, match="params file not found"):
         load_params(TrainParams, path=tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    "section, key, value, fragment",
+    [
+        ("train", "epochs", "5", "train.epochs"),  # a string is not coerced to a number
+        ("train", "seed", True, "train.seed"),  # nor a bool to an int
+        ("tokenize", "shared_vocab", "yes", "tokenize.shared_vocab"),
+        ("split", "valid_size", 1.7, "fraction below 1 or a whole count"),
+        ("split", "test_size", float("inf"), "split.test_size"),  # used to be OverflowError
+        ("train", "lr", float("nan"), "train.lr"),
+    ],
+)
+def test_values_are_strictly_typed_not_coerced(tmp_path, section, key, value, fragment):
+    raw = committed()
+    raw[section][key] = value
+    with pytest.raises(PipelineError, match=fragment.replace(".", r"\.")):
+        load_params(SECTIONS[section], path=write(tmp_path, raw))
+
+
+def test_duplicate_keys_are_refused(tmp_path):
+    text = (REPO / "params.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "params.yaml"
+    path.write_text(text.replace("  epochs:", "  epochs: 2\n  epochs:", 1), encoding="utf-8")
+    with pytest.raises(PipelineError, match="duplicate key 'epochs'"):
+        load_params(TrainParams, path=path)
+
+
+def test_heads_that_do_not_divide_the_width_are_refused_at_load(tmp_path):
+    raw = committed()
+    raw["model"].update(d_model=30, n_heads=4)
+    with pytest.raises(PipelineError, match=r"bad value for 'model': d_model \(30\)"):
+        load_params(ModelParams, path=write(tmp_path, raw))
+
+
+def test_equal_source_and_target_columns_are_refused(tmp_path):
+    raw = committed()
+    raw["pair"]["target_column"] = raw["pair"]["source_column"]
+    with pytest.raises(PipelineError, match="source_column and target_column must differ"):
+        load_params(SECTIONS["pair"], path=write(tmp_path, raw))
+
+
+def test_a_typo_in_a_later_section_fails_the_first_stage(tmp_path):
+    """download reads only pair/download, yet a bad export key stops it (not hours later)."""
+    raw = committed()
+    raw["export"]["opset"] = "eighteen"
+    with pytest.raises(PipelineError, match=r"export\.opset"):
+        load_params(SECTIONS["download"], path=write(tmp_path, raw))

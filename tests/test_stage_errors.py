@@ -41,3 +41,136 @@ def test_help_explains_each_stage(tmp_path):
     for stage in ("download", "split", "tokenize", "train", "evaluate"):
         result = run_stage(scratch_root(tmp_path), stage, "--help")
         assert result.returncode == 0 and "params" in result.stdout.lower(), stage
+
+
+def write_corpus(root, data: bytes, test: bytes = b""):
+    raw = root / "data/raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / "corpus.tsv").write_bytes(data)
+    (raw / "test.tsv").write_bytes(test)
+
+
+def corpus_lines(n: int = 40) -> str:
+    return "".join(f"Sentence number {i}.\t第{i}句。\n" for i in range(n))
+
+
+def split_rows(root, part: str) -> list[tuple[str, str]]:
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(root / "data/split"))[part]
+    return list(zip(data["source"], data["target"]))
+
+
+def test_gbk_corpus_is_refused_with_line_and_offset(tmp_path):
+    root = scratch_root(tmp_path, split={"valid_size": 2, "test_size": 2})
+    good = corpus_lines(5).encode("utf-8")
+    write_corpus(root, good + "Tea.\t茶。\n".encode("gbk"))
+    assert_one_line_error(run_stage(root, "split"),
+                          f"not UTF-8 text at line 6, byte offset {len(good) + 5:,}")
+    assert not (root / "data/split").exists()
+
+
+def test_invalid_bytes_after_the_first_64_kib_are_refused(tmp_path):
+    root = scratch_root(tmp_path, split={"valid_size": 2, "test_size": 2})
+    write_corpus(root, corpus_lines(4000).encode("utf-8") + b"Bad.\t\xff\xfe\n")
+    assert_one_line_error(run_stage(root, "split"), "not UTF-8 text at line 4001")
+
+
+def test_lone_carriage_return_or_u2028_inside_a_field_does_not_shift_pairs(tmp_path):
+    root = scratch_root(tmp_path, split={"valid_size": 1, "test_size": 1})
+    text = corpus_lines(6) + "Two\rlines.\t两\r行。\n" + "Para\u2028graph.\t段\u2028落。\n"
+    write_corpus(root, text.encode("utf-8"))
+    result = run_stage(root, "split")
+    assert result.returncode == 0, result.stderr
+    rows = {s: t for part in ("train", "valid", "test") for s, t in split_rows(root, part)}
+    assert len(rows) == 8
+    assert rows["Two lines."] == "两 行。"  # a lone CR is whitespace, not a line break
+    assert rows["Para graph."] == "段 落。"
+    assert rows["Sentence number 5."] == "第5句。"
+
+
+def test_predefined_test_set_losing_rows_is_counted_and_warned(tmp_path):
+    import json
+
+    root = scratch_root(tmp_path, split={"valid_size": 2, "test_size": 2})
+    test = "Hello.\t你好。\n\tno source\nno tab at all\nBye.\t再见。\n"
+    write_corpus(root, corpus_lines(20).encode("utf-8"), test.encode("utf-8"))
+    result = run_stage(root, "split")
+    assert result.returncode == 0, result.stderr
+    assert "lost 2 of 4 rows" in result.stderr
+    counts = json.loads((root / "data/split_metrics.json").read_text())
+    assert counts["test_dropped_empty"] == 1 and counts["test_dropped_malformed"] == 1
+    assert len(split_rows(root, "test")) == 2
+
+
+@pytest.mark.parametrize(
+    "stage, args, fragment, code",
+    [
+        ("split", ["--bogus"], "No such option: --bogus", 2),
+        ("download", ["extra-arg"], "unexpected extra argument", 2),
+        ("infer", ["--beam", "0", "hi"], "'--beam'", 2),
+        ("infer", ["--beam", "129", "hi"], "'--beam'", 2),  # ORT's BeamSearch stops at 128
+        ("infer", ["--threads", "many", "hi"], "'--threads'", 2),
+        ("train", ["--checkpoint-every-steps", "0"], "'--checkpoint-every-steps'", 2),
+    ],
+)
+def test_usage_errors_are_one_line_naming_the_option(tmp_path, stage, args, fragment, code):
+    result = run_stage(scratch_root(tmp_path), stage, *args)
+    assert_one_line_error(result, fragment, code=code)
+
+
+def test_unexpected_exception_is_one_line_with_the_traceback_saved(monkeypatch, capsys):
+    """A bug is still one line for the user; the traceback goes to a file the line names."""
+    import re
+
+    import typer
+
+    from src.errors import run_cli
+
+    app = typer.Typer(add_completion=False)
+
+    @app.command()
+    def main() -> None:
+        {}["missing"]  # a bug: KeyError
+
+    monkeypatch.setattr("sys.argv", ["prog"])
+    monkeypatch.delenv("NMT_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(app)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: unexpected KeyError") and "Traceback" not in err
+    saved = re.search(r"traceback saved to (\S+),", err).group(1)
+    assert "KeyError" in open(saved).read()
+
+
+def test_disk_full_is_one_line_not_a_traceback(monkeypatch, capsys):
+    import errno
+
+    import typer
+
+    from src.errors import run_cli
+
+    app = typer.Typer(add_completion=False)
+
+    @app.command()
+    def main() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "data/raw/corpus.tsv")
+
+    monkeypatch.setattr("sys.argv", ["prog"])
+    with pytest.raises(SystemExit):
+        run_cli(app)
+    assert capsys.readouterr().err == "error: No space left on device: data/raw/corpus.tsv\n"
+
+
+def test_vocabulary_too_small_for_the_corpus_names_the_param(tmp_path):
+    """cmn-eng at vocab_size 2000 failed with SentencePiece's raw `INTERNAL: …` line."""
+    root = scratch_root(tmp_path, split={"valid_size": 2, "test_size": 2},
+                        tokenize={"vocab_size": 40, "byte_fallback": False})
+    chars = [chr(0x4E00 + i) for i in range(200)]
+    text = "".join(f"Line {i}.\t{chars[i % 200]}{chars[(7 * i) % 200]}。\n" for i in range(400))
+    write_corpus(root, text.encode("utf-8"))
+    assert run_stage(root, "split").returncode == 0
+    result = run_stage(root, "tokenize")
+    assert_one_line_error(result, "tokenize.vocab_size=40 is too small for this corpus")
+    assert "INTERNAL" not in result.stderr
