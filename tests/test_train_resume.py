@@ -30,11 +30,10 @@ TINY = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenized_root(tmp_path_factory):
+def tokenize_toy(root):
     from toy_corpus import toy_tsv
 
-    root = scratch_root(tmp_path_factory.mktemp("resume"), **TINY)
+    root = scratch_root(root, **TINY)
     (root / "toy.tsv").write_text(toy_tsv(), encoding="utf-8")
     text = (
         (root / "params.yaml")
@@ -45,6 +44,11 @@ def tokenized_root(tmp_path_factory):
     for stage in ("download", "split", "tokenize"):
         assert run_stage(root, stage).returncode == 0
     return root
+
+
+@pytest.fixture(scope="module")
+def tokenized_root(tmp_path_factory):
+    return tokenize_toy(tmp_path_factory.mktemp("resume"))
 
 
 def fresh_copy(src, dst):
@@ -131,7 +135,8 @@ def test_raising_epochs_continues_a_finished_run(tokenized_root, uninterrupted, 
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout and "epoch 4" in result.stdout
     assert "used 1" in result.stderr  # the thread change is said, not hidden
-    assert '"epochs": 4' in (root / "models/train_metrics.json").read_text()
+    metrics = (root / "models/train_metrics.json").read_text()
+    assert '"epochs": 4' in metrics and '"threads": 2' in metrics
 
 
 def test_a_kill_leaves_no_temporary_checkpoint_files(tokenized_root, tmp_path):
@@ -177,3 +182,30 @@ def test_corrupt_checkpoint_is_named(tokenized_root, tmp_path):
     result = run_stage(root, "train")
     assert_one_line_error(result, "corrupt checkpoint")
     assert "move" in result.stderr
+
+
+def test_same_seed_twice_gives_identical_split_tokenizer_ids_and_model(uninterrupted, tmp_path):
+    from datasets import load_from_disk
+
+    again = tokenize_toy(tmp_path / "again")
+    assert train(again).returncode == 0
+    for name in ("split", "tokenized"):
+        first, second = (load_from_disk(str(r / "data" / name)) for r in (uninterrupted, again))
+        for part in ("train", "valid", "test"):
+            assert first[part].to_dict() == second[part].to_dict(), (name, part)
+    for name in ("source.model", "target.model", "tokenizer.json"):
+        assert (uninterrupted / "models/tokenizer" / name).read_bytes() == (
+            again / "models/tokenizer" / name).read_bytes()
+    expected, got = weights(uninterrupted), weights(again)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_tokenized_data_from_another_tokenizer_is_refused(tokenized_root, tmp_path):
+    """tokenize replaces models/tokenizer, then data/tokenized: a kill in between used to pair
+    new ids with an old vocabulary, silently."""
+    import json
+
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    meta = root / "models/tokenizer/tokenizer.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "note": "another run"}))
+    assert_one_line_error(run_stage(root, "train"), "was not encoded with the tokenizer")
