@@ -91,6 +91,14 @@ def note(message: str) -> None:
     print(f"train: {message}", file=sys.stderr)
 
 
+def past_caps(state: dict, caps: dict[str, int]) -> str:
+    for key, cap in caps.items():
+        if cap and state.get(key, 0) > cap:
+            name = {"step": "train.max_steps", "epoch": "train.epochs"}.get(key, key)
+            return f"it has trained past {name}={cap} ({key} {state[key]})"
+    return ""
+
+
 class ResumeStore:
     """`last.pt` in the checkpoint folder, for one set of trajectory params and data."""
 
@@ -112,8 +120,12 @@ class ResumeStore:
             self.last,
         )
 
-    def load(self) -> dict | None:
-        """The checkpoint to resume, or None (nothing there, or moved aside as incompatible)."""
+    def load(self, caps: dict[str, int] | None = None) -> dict | None:
+        """The checkpoint to resume, or None (nothing there, or moved aside as incompatible).
+
+        `caps` ({"step": train.max_steps, "epoch": train.epochs}, 0 = none): a checkpoint
+        already past a lowered cap cannot give the run that cap asks for, so it is set aside.
+        """
         if not self.last.exists():
             if any(self.dir.glob("*.pt")):
                 self.set_aside("it has epoch checkpoints but no last.pt")
@@ -122,7 +134,7 @@ class ResumeStore:
             ckpt = checkpoint.load(self.last)
         except PipelineError as exc:
             raise PipelineError(f"{exc}; move {self.dir} away to train from scratch") from None
-        reason = self.mismatch(ckpt)
+        reason = self.mismatch(ckpt) or past_caps(ckpt["state"], caps or {})
         if reason:
             self.set_aside(reason)
             return None

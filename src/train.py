@@ -103,7 +103,7 @@ class Trainer:
         )
 
     def try_resume(self) -> bool:
-        ckpt = self.store.load()
+        ckpt = self.store.load(caps={"step": self.cfg.max_steps, "epoch": self.cfg.epochs})
         if ckpt is None:
             return False
         self.model.load_state_dict(ckpt["model"])

@@ -14,6 +14,7 @@ from toy_corpus import toy_pairs
 
 from src.batching import clip_source, make_batch, pad, token_batches
 from src.model import ModelConfig, Transformer
+from src.resume import ResumeStore
 from src.search import greedy_search
 from src.subword import train_spm
 from src.train import Trainer
@@ -54,9 +55,8 @@ def test_small_model_learns_toy_translation(tmp_path):
         share_source_embedding=True,
     ))
     cfg = train_cfg(lr=3e-3, warmup_steps=30, max_tokens=1500, label_smoothing=0.1)
-    trainer = Trainer(
-        model, cfg, torch.device("cpu"), total_steps=150, ckpt_dir=tmp_path, fingerprint="test"
-    )
+    store = ResumeStore(tmp_path, params={}, data="test")
+    trainer = Trainer(model, cfg, torch.device("cpu"), total_steps=150, store=store, threads=1)
     steps = 0
     for epoch in range(100):
         for idx in token_batches(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers import assert_one_line_error, run_stage, scratch_root
 
@@ -142,6 +144,7 @@ def test_unexpected_exception_is_one_line_with_the_traceback_saved(monkeypatch, 
     assert err.startswith("error: unexpected KeyError") and "Traceback" not in err
     saved = re.search(r"traceback saved to (\S+),", err).group(1)
     assert "KeyError" in open(saved).read()
+    os.unlink(saved)
 
 
 def test_disk_full_is_one_line_not_a_traceback(monkeypatch, capsys):

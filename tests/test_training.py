@@ -224,3 +224,14 @@ def test_an_unreachable_tracking_store_runs_the_stage_untracked(monkeypatch, cap
     with tracking.stage_run("train", {}) as run:
         run.log_metrics({"x": 1.0})
     assert isinstance(run, tracking.NullRun) and "tracking server down" in capsys.readouterr().err
+
+
+def test_a_checkpoint_past_a_lowered_cap_is_set_aside(tmp_path, capsys):
+    """Lowering train.max_steps below the steps taken cannot be honoured by resuming."""
+    from src.resume import ResumeStore
+
+    model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
+    ResumeStore(tmp_path / "c", {}, "d").save(TrainState(step=40, epoch=2), model)
+    assert ResumeStore(tmp_path / "c", {}, "d").load(caps={"step": 40, "epoch": 2}) is not None
+    assert ResumeStore(tmp_path / "c", {}, "d").load(caps={"step": 7, "epoch": 2}) is None
+    assert "past train.max_steps=7 (step 40)" in capsys.readouterr().err
