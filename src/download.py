@@ -1,85 +1,40 @@
 """download: fetch the parallel corpus -> data/raw/corpus.tsv, test.tsv (+ download.json).
 
-Reads params `pair.*` and `download.*`. A URL may be http(s) (sent with a browser-like
-User-Agent: manythings.org refuses bare clients), `file://`, or a local path; the payload may be
-a zip archive (the member is extracted) or a plain TSV. A URL holding `{lang}` names one plain
-text file per language, aligned line by line (train.en + train.vi style); they are joined into
-the same TSV layout, each side in its `pair.*_column`.
+Reads params `pair.*` and `download.*`. A URL may be http(s), `file://`, or a local path (see
+src/transport.py for what every fetch guarantees: length, deadline, size cap, redirects); the
+payload may be a zip archive (the member is extracted, capped at `download.max_bytes` however
+its header reads) or a plain TSV. A URL holding `{lang}` names one plain text file per
+language, aligned line by line (train.en + train.vi style); they are joined into the same TSV
+layout, each side in its `pair.*_column`.
 
+Text is decoded strictly (src/text.py): UTF-8 (BOM dropped) or UTF-16 with a BOM; anything
+else, or an HTML page, is refused with file, line and byte offset. The outputs are UTF-8.
 `download.test_url` optionally names a predefined test set in the same forms; it is written to
 data/raw/test.tsv, which is empty when the test split is to be carved out of the corpus.
-Outputs are written atomically: a failure never leaves a half file behind.
+`download.sha256`, when set, pins the corpus TSV. Outputs are written atomically, URLs are
+recorded and shown with credentials and query strings redacted.
 """
 
 from __future__ import annotations
 
 import codecs
 import hashlib
-import shutil
+import re
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from src import paths, tracking
 from src.atomic import atomic_path, write_json
 from src.errors import PipelineError, run_cli
 from src.params import DownloadParams, PairParams, load_params
-
-USER_AGENT = (
-    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
-    "Chrome/124.0 Safari/537.36"
-)
-CHUNK = 1 << 16
+from src.text import decode, split_lines
+from src.transport import fetch, redact
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
-
-
-def local_path(url: str) -> Path | None:
-    """The filesystem path a `file://` URL or plain path names, or None for a remote URL."""
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme == "file":
-        return Path(urllib.parse.unquote(parsed.path))
-    if parsed.scheme == "":  # a plain path, relative to the repo root
-        return paths.ROOT / url
-    if parsed.scheme in {"http", "https"}:
-        return None
-    raise PipelineError(f"unsupported URL scheme '{parsed.scheme}' in download.url={url}")
-
-
-def fetch(url: str, dest: Path, timeout_s: float) -> None:
-    """Copy the resource at `url` into `dest` with a progress bar."""
-    source = local_path(url)
-    if source is not None:
-        if not source.is_file():
-            raise PipelineError(f"download.url: no such file {source}")
-        shutil.copyfile(source, dest)
-        return
-    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp, dest.open("wb") as out:
-            total = int(resp.headers.get("Content-Length") or 0) or None
-            columns = (
-                *Progress.get_default_columns()[:1],
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-            )
-            with Progress(*columns, transient=True) as bar:
-                task = bar.add_task(f"download {Path(url).name}", total=total)
-                while chunk := resp.read(CHUNK):
-                    out.write(chunk)
-                    bar.advance(task, len(chunk))
-    except urllib.error.HTTPError as exc:
-        raise PipelineError(f"download failed: HTTP {exc.code} {exc.reason} for {url}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise PipelineError(f"download failed: cannot reach {url} ({reason})") from None
 
 
 def pick_member(archive: zipfile.ZipFile, wanted: str) -> str:
@@ -94,31 +49,60 @@ def pick_member(archive: zipfile.ZipFile, wanted: str) -> str:
     return max(texts, key=lambda n: archive.getinfo(n).file_size)
 
 
-def extract_corpus(payload: Path, member: str) -> bytes:
-    """The corpus TSV bytes: the chosen member of a zip, or the payload itself if it is text."""
-    if zipfile.is_zipfile(payload):
-        try:
-            with zipfile.ZipFile(payload) as archive:
-                return archive.read(pick_member(archive, member))
-        except zipfile.BadZipFile as exc:
-            raise PipelineError(f"downloaded archive is corrupt: {exc}") from None
-    data = payload.read_bytes()
-    try:  # an incremental decoder tolerates a multi-byte character cut at the 64 KiB boundary
-        head = codecs.getincrementaldecoder("utf-8")().decode(data[: 1 << 16], final=False)
-    except UnicodeDecodeError:
-        raise PipelineError("downloaded file is neither a zip archive nor UTF-8 text") from None
-    if "\t" not in head:
-        raise PipelineError("downloaded file is not a TSV corpus (no tab-separated line)")
+HTML_START = re.compile(rb"\s*<(!doctype\s+html|html)[\s>]", re.IGNORECASE)
+
+
+def read_member(archive: zipfile.ZipFile, name: str, max_bytes: int) -> bytes:
+    """One member's bytes, capped while inflating (a header's size can lie)."""
+    info = archive.getinfo(name)
+    if info.file_size > max_bytes:
+        raise PipelineError(f"archive member {name} unzips to {info.file_size:,} bytes, more "
+                            f"than download.max_bytes ({max_bytes:,}); raise it if expected")
+    try:
+        with archive.open(info) as fh:
+            data = fh.read(max_bytes + 1)
+    except RuntimeError as exc:  # zipfile's "File … is encrypted, password required"
+        raise PipelineError(f"archive member {name} cannot be read: {exc}") from None
+    except NotImplementedError as exc:
+        raise PipelineError(f"archive member {name} uses an unsupported compression: "
+                            f"{exc}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise PipelineError(f"archive member {name} is corrupt: {exc}") from None
+    if len(data) > max_bytes:
+        raise PipelineError(f"archive member {name} unzips to more than download.max_bytes "
+                            f"({max_bytes:,} bytes); raise it if expected")
     return data
 
 
-def read_text_file(payload: Path, url: str) -> list[str]:
-    """Lines of one side of a parallel corpus (UTF-8, a leading BOM dropped)."""
-    try:
-        text = payload.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise PipelineError(f"{url} is not UTF-8 text") from None
-    return text.splitlines()
+def as_utf8_text(data: bytes, source: str) -> str:
+    """Strictly decoded text of a corpus file; an HTML page (a login or error page) refused."""
+    if HTML_START.match(data[:1024]):
+        raise PipelineError(f"{source} looks like an HTML page, not a corpus (a login or error "
+                            "page?)")
+    return decode(data, source)
+
+
+def extract_corpus(payload: Path, member: str, max_bytes: int, shown: str) -> bytes:
+    """The corpus TSV as UTF-8 bytes: the chosen member of a zip, or the payload itself."""
+    if zipfile.is_zipfile(payload):
+        try:
+            with zipfile.ZipFile(payload) as archive:
+                name = pick_member(archive, member)
+                data, source = read_member(archive, name, max_bytes), f"{shown}:{name}"
+        except zipfile.BadZipFile as exc:
+            raise PipelineError(f"downloaded archive is corrupt: {exc}") from None
+    else:
+        data, source = payload.read_bytes(), shown
+    text = as_utf8_text(data, source)
+    if "\t" not in text[: 1 << 16]:
+        raise PipelineError(f"{source} is not a TSV corpus (no tab-separated line)")
+    plain_utf8 = not data.startswith((codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+    return data if plain_utf8 else text.encode("utf-8")
+
+
+def read_text_file(payload: Path, shown: str) -> list[str]:
+    """Lines of one side of a parallel corpus (split at "\\n" only, see src.text)."""
+    return split_lines(as_utf8_text(payload.read_bytes(), shown))
 
 
 def join_sides(sides: dict[int, list[str]], urls: list[str]) -> bytes:
@@ -137,23 +121,34 @@ def join_sides(sides: dict[int, list[str]], urls: list[str]) -> bytes:
     return ("\n".join(rows) + "\n").encode("utf-8") if rows else b""
 
 
+def side_urls(url: str, langs: dict[int, str]) -> list[str]:
+    """One URL, or one per language for a `{lang}` URL (other braces, e.g. {year}, stay)."""
+    if "{lang}" not in url:
+        return [url]
+    return [url.replace("{lang}", lang) for lang in langs.values()]
+
+
 def fetch_corpus(url: str, cfg: DownloadParams, pair: PairParams, tmp_dir: Path) -> dict:
     """Fetch one corpus (a zip/TSV, or one file per language) -> TSV bytes and provenance."""
     langs = {pair.source_column: pair.source_lang, pair.target_column: pair.target_lang}
-    urls = [url.format(lang=lang) for lang in langs.values()] if "{lang}" in url else [url]
+    urls = side_urls(url, langs)
     payloads = []
     for i, one_url in enumerate(urls):
         payloads.append(Path(tmp_dir) / f"payload{i}")
-        fetch(one_url, payloads[-1], cfg.timeout_s)
+        fetch(one_url, payloads[-1], cfg.timeout_s, cfg.max_bytes)
+    shown = [redact(u) for u in urls]
     if len(urls) == 1:
-        corpus = extract_corpus(payloads[0], cfg.member)
+        corpus = extract_corpus(payloads[0], cfg.member, cfg.max_bytes, shown[0])
     else:
-        sides = {col: read_text_file(p, u) for col, p, u in zip(langs, payloads, urls)}
-        corpus = join_sides(sides, urls)
+        sides = {col: read_text_file(p, u) for col, p, u in zip(langs, payloads, shown)}
+        corpus = join_sides(sides, shown)
+        if len(corpus) > cfg.max_bytes:
+            raise PipelineError(f"the joined corpus is larger than download.max_bytes "
+                                f"({cfg.max_bytes:,} bytes); raise it if expected")
     return {
         "corpus": corpus,
         "info": {
-            "urls": urls,
+            "urls": shown,
             "payload_sha256": [hashlib.sha256(p.read_bytes()).hexdigest() for p in payloads],
             "corpus_bytes": len(corpus),
             "corpus_sha256": hashlib.sha256(corpus).hexdigest(),
@@ -173,12 +168,17 @@ def main(
     test set `download.test_url`; write each as one UTF-8 TSV, atomically."""
     pair = load_params(PairParams)
     cfg = load_params(DownloadParams)
-    params = {"pair": pair.model_dump(), "download": cfg.model_dump()}
+    shown = cfg.model_dump() | {"url": redact(cfg.url), "test_url": redact(cfg.test_url)}
+    params = {"pair": pair.model_dump(), "download": shown}
     with tracking.stage_run("download", params) as run:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=".download.") as tmp_dir:
             corpus = fetch_corpus(cfg.url, cfg, pair, Path(tmp_dir))
             test = fetch_corpus(cfg.test_url, cfg, pair, Path(tmp_dir)) if cfg.test_url else None
+        got = corpus["info"]["corpus_sha256"]
+        if cfg.sha256 and got != cfg.sha256:
+            raise PipelineError(f"download.sha256 mismatch: expected {cfg.sha256}, got {got} "
+                                f"for {redact(cfg.url)} (the corpus changed upstream?)")
         with atomic_path(out) as tmp:
             tmp.write_bytes(corpus["corpus"])
         with atomic_path(test_out) as tmp:
