@@ -7,8 +7,9 @@ its header reads) or a plain TSV. A URL holding `{lang}` names one plain text fi
 language, aligned line by line (train.en + train.vi style); they are joined into the same TSV
 layout, each side in its `pair.*_column`.
 
-Text is decoded strictly (src/text.py): UTF-8 (BOM dropped) or UTF-16 with a BOM; anything
-else, or an HTML page, is refused with file, line and byte offset. The outputs are UTF-8.
+Text is decoded strictly (src/text.py): UTF-8 or UTF-16 with a BOM; anything else, or an
+HTML page, is refused with file, line and byte offset. Valid UTF-8 is written byte for byte (so
+the corpus sha256 is the member's), UTF-16 is converted to UTF-8.
 `download.test_url` optionally names a predefined test set in the same forms; it is written to
 data/raw/test.tsv, which is empty when the test split is to be carved out of the corpus.
 `download.sha256`, when set, pins the corpus TSV. Outputs are written atomically, URLs are
@@ -96,8 +97,9 @@ def extract_corpus(payload: Path, member: str, max_bytes: int, shown: str) -> by
     text = as_utf8_text(data, source)
     if "\t" not in text[: 1 << 16]:
         raise PipelineError(f"{source} is not a TSV corpus (no tab-separated line)")
-    plain_utf8 = not data.startswith((codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
-    return data if plain_utf8 else text.encode("utf-8")
+    # UTF-8 is kept byte for byte (its sha256 is the member's); UTF-16 is converted.
+    utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+    return text.encode("utf-8") if utf16 else data
 
 
 def read_text_file(payload: Path, shown: str) -> list[str]:
