@@ -232,6 +232,8 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = ()) -> Iter
         opened = _open_run(stage, params, deps)
     except Exception as exc:
         warn_once("tracking", exc)
+        opened = None
+    if opened is None:
         yield NullRun()
         return
     import mlflow
