@@ -67,18 +67,37 @@ def warn_once(what: str, exc: Exception) -> None:
           "its output files hold every result", file=sys.stderr)
 
 
+PAUSE_AFTER_FAILURE_S = 60.0  # a run skips MLflow calls this long after one fails
+
+
 def best_effort(method):
-    """Run an MLflow call; on failure warn (once per method) and return None."""
+    """Run an MLflow call; on failure warn (once per method) and return None.
+
+    After a failure the run pauses its MLflow calls for a minute, so a server that went away
+    costs training one failed request per minute, not one per logged step.
+    """
 
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):
+    def wrapper(run, *args, **kwargs):
+        if time.monotonic() < getattr(run, "_paused_until", 0.0):
+            return None
         try:
-            return method(*args, **kwargs)
+            return method(run, *args, **kwargs)
         except Exception as exc:
             warn_once(method.__name__, exc)
+            run._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
             return None
 
     return wrapper
+
+
+# A tracking server that went away must not stall training for minutes: MLflow's defaults retry
+# a failed request 7 times with exponential backoff. Users' own settings win.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
 
 
 class MlflowRun(NullRun):
@@ -255,6 +274,8 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path]):
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     mlflow.set_tracking_uri(tracking_uri())
     client = MlflowClient()
     experiment = mlflow.set_experiment(EXPERIMENT)
@@ -274,7 +295,9 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path]):
     return client, run, parent
 
 
-@best_effort
 def _finish(mlflow, client, parent: str, status: str) -> None:
-    mlflow.end_run(status)
-    client.set_terminated(parent, "FINISHED")
+    try:
+        mlflow.end_run(status)
+        client.set_terminated(parent, "FINISHED")
+    except Exception as exc:
+        warn_once("end_run", exc)

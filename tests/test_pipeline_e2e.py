@@ -44,14 +44,15 @@ GIT_ENV = {
 }
 
 
-def sh(cwd: Path, *cmd: str) -> str:
-    env = {
+def sh(cwd: Path, *cmd: str, env: dict[str, str] | None = None) -> str:
+    base = {
         k: v
         for k, v in os.environ.items()
         if k not in {"NMT_TRACKING", "NMT_ROOT", "MLFLOW_TRACKING_URI"}
     }
     result = subprocess.run(
-        cmd, cwd=cwd, env={**env, **GIT_ENV}, capture_output=True, text=True, timeout=900
+        cmd, cwd=cwd, env={**base, **GIT_ENV, **(env or {})}, capture_output=True, text=True,
+        timeout=900,
     )
     assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
@@ -189,3 +190,35 @@ def test_metrics_show_and_exp_run(workspace):
     rows = list(csv.DictReader(io.StringIO(table)))
     experiment = [r for r in rows if r.get("train.epochs") == "1" and r.get("Experiment")]
     assert experiment and experiment[0]["bleu"] not in ("", "!"), rows
+
+
+def test_dvc_remote_push_then_pull_restores_the_model(workspace, tmp_path):
+    """A teammate pulls the trained model from a DVC remote instead of retraining."""
+    model = workspace / "models/model.onnx"
+    expected = model.read_bytes()
+    sh(workspace, "dvc", "remote", "add", "-d", "store", str(tmp_path / "remote"))
+    sh(workspace, "dvc", "push")
+    shutil.rmtree(workspace / ".dvc/cache")
+    model.unlink()
+    sh(workspace, "dvc", "pull")
+    assert model.read_bytes() == expected
+    assert "Running stage" not in sh(workspace, "dvc", "repro")  # nothing to retrain
+
+
+def test_repro_logs_every_stage_to_a_tracking_server(workspace, tmp_path):
+    import mlflow
+    from tracking_server import mlflow_server
+
+    shutil.rmtree(workspace / "models/checkpoints")  # else train resumes its finished run
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        sh(workspace, "dvc", "repro", "--force", env={"MLFLOW_TRACKING_URI": uri})
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("nmt")
+        runs = client.search_runs([experiment.experiment_id])
+        stages = {r.data.tags.get("stage"): r for r in runs if r.data.tags.get("kind") == "stage"}
+        assert set(stages) == {"download", "split", "tokenize", "train", "evaluate", "export"}
+        assert all(r.info.status == "FINISHED" for r in stages.values())
+        assert "bleu" in stages["evaluate"].data.metrics
+        assert client.get_metric_history(stages["train"].info.run_id, "train_loss")
+        exported = [a.path for a in client.list_artifacts(stages["export"].info.run_id, "model")]
+        assert "model/model.onnx" in exported

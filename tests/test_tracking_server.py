@@ -1,0 +1,38 @@
+"""A tracking server that goes away mid-run never stops a stage: one warning, training goes on,
+and the stage's own files keep every result."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tracking_server import mlflow_server
+
+from src import tracking
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_tracking_server_going_away_mid_run_does_not_stop_the_stage(
+    tmp_path, monkeypatch, capsys
+):
+    import mlflow
+
+    monkeypatch.setenv("NMT_TRACKING", "on")
+    monkeypatch.setenv("NMT_EXPERIMENT", "nmt")
+    monkeypatch.setattr(tracking, "_warned", set())
+    with mlflow_server(tmp_path / "server") as (uri, stop_server):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with tracking.stage_run("train", {"train": {"lr": 0.001}}) as run:
+            assert isinstance(run, tracking.MlflowRun)
+            run.log_metrics({"train_loss": 3.0}, step=1)
+            logged = mlflow.MlflowClient(uri).get_metric_history(run.run_id, "train_loss")
+            assert [m.value for m in logged] == [3.0]
+            stop_server()
+            start = time.monotonic()
+            for step in range(2, 200):  # a training loop logging every step
+                run.log_metrics({"train_loss": 3.0 / step}, step=step)
+            elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert err.count("warning: MLflow log_metrics failed") == 1, err
+    assert elapsed < 30, f"{elapsed:.1f} s spent on a dead server"  # not minutes of retries

@@ -1,0 +1,61 @@
+"""A real `mlflow server` on loopback for tests: sqlite backend, artifacts served from a temp
+directory, bounded start-up wait and lifetime."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def mlflow_server(workdir: Path, start_timeout_s: float = 90):
+    """Yields (uri, stop): `stop()` kills the server and its workers (a server going away);
+    it is called on exit whatever happens."""
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{workdir / 'server.db'}",
+           "--artifacts-destination", str(workdir / "artifacts"), "--workers", "1"]
+    log = (workdir / "server.log").open("wb")
+    # its own session, so stopping it reaches the uvicorn/gunicorn workers too
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {workdir / 'server.log'}")
+            time.sleep(0.5)
+        yield uri, stop
+    finally:
+        stop()
+        log.close()
