@@ -67,3 +67,39 @@ def test_results_page_follows_the_raw_rows(tmp_path):
                              "chrf": 8.9, "overrides": {"train.lr": "1e-3"}}) + "\n")
     page = results.render(docs)
     assert "**12.34**" in page and "| short-new | a new row | `-S train.lr=1e-3` | 5.67 |" in page
+
+
+def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
+    source = tmp_path / "base.tsv"
+    source.write_text("One.\t一。\tcc-by\nTwo.\t二。\tcc-by\n\nbroken line\n", encoding="utf-8")
+    outs = []
+    for name in ("a.tsv", "b.tsv"):
+        out = tmp_path / name
+        result = subprocess.run([sys.executable, str(REPO / "scripts/make_corpus.py"),
+                                 "--source", str(source), "--pairs", "50", "--out", str(out)],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        outs.append(out.read_text(encoding="utf-8"))
+    assert outs[0] == outs[1]  # same seed, same file
+    rows = [line.split("\t") for line in outs[0].splitlines()]
+    assert len(rows) == 50
+    words = {"One.": "一。", "Two.": "二。"}
+    for src, tgt in rows:
+        assert "".join(words[w] for w in src.split(" ")) == tgt
+    assert any(" " in src for src, _ in rows)  # some pairs are recombined
+
+
+def test_benchmark_data_measures_each_stage(tmp_path):
+    from toy_corpus import toy_tsv
+
+    source = tmp_path / "toy.tsv"
+    source.write_text(toy_tsv(), encoding="utf-8")
+    out = tmp_path / "rows.json"
+    result = subprocess.run([sys.executable, str(REPO / "scripts/benchmark_data.py"),
+                             "--source", str(source), "--pairs", "300", "--json", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["stage"] for r in rows] == ["download", "split", "tokenize"]
+    assert all(r["pairs"] == 300 and r["seconds"] > 0 and r["peak_rss_mb"] > 0 for r in rows)
+    assert "split" in result.stdout and "peak RSS MB" in result.stdout

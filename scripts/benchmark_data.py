@@ -1,0 +1,84 @@
+"""Time and peak memory of the data stages as the corpus grows.
+
+    python scripts/benchmark_data.py --source cmn.txt --pairs 100000,1000000
+
+For each size it writes a recombined corpus (scripts/make_corpus.py) into a scratch project,
+runs download → split → tokenize (and, with --train-steps N, N training steps) as the pipeline
+does (`python -m src.<stage>` with NMT_ROOT), and prints one row per stage: pairs, stage,
+seconds, peak RSS of that stage's process (from wait4's rusage). Run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import typer
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed: {proc.stderr.read().decode()[-500:]}")
+    return seconds, usage.ru_maxrss / 1024  # Linux reports KB
+
+
+def scratch_project(root: Path, corpus: Path, pairs: int, train_steps: int) -> None:
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params["download"]["url"] = str(corpus)
+    split = params["split"]
+    if pairs < 20 * (split["valid_size"] + split["test_size"]):  # tiny runs (the test)
+        split.update(valid_size=0.05, test_size=0.05)
+    params["train"].update(max_steps=max(train_steps, 1), epochs=1)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@app.command()
+def main(
+    source: Path = typer.Option(..., help="A TSV corpus to recombine (e.g. cmn.txt)."),
+    pairs: str = typer.Option("100000,1000000", help="Comma-separated corpus sizes."),
+    train_steps: int = typer.Option(0, min=0, help="Also time this many training steps."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
+) -> None:
+    """Print pairs, stage, seconds and peak RSS for download, split and tokenize."""
+    stages = ["download", "split", "tokenize"] + (["train"] if train_steps else [])
+    module = {"tokenize": "src.tokenize_corpus"}
+    rows = []
+    print(f"{'pairs':>10} {'stage':<9} {'seconds':>8} {'peak RSS MB':>12}")
+    for size in (int(p) for p in pairs.split(",")):
+        with tempfile.TemporaryDirectory(prefix="nmt-bench-") as tmp:
+            root = Path(tmp)
+            corpus = root / "corpus.tsv"
+            subprocess.run([sys.executable, str(REPO / "scripts/make_corpus.py"), "--source",
+                            str(source), "--pairs", str(size), "--out", str(corpus)],
+                           check=True, stdout=subprocess.DEVNULL)
+            scratch_project(root, corpus, size, train_steps)
+            env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+            for stage in stages:
+                cmd = [sys.executable, "-m", module.get(stage, f"src.{stage}")]
+                seconds, rss_mb = run_measured(cmd, env)
+                rows.append({"pairs": size, "stage": stage, "seconds": round(seconds, 1),
+                             "peak_rss_mb": round(rss_mb)})
+                print(f"{size:>10,} {stage:<9} {seconds:>8.1f} {rss_mb:>12,.0f}", flush=True)
+    if json_out:
+        json_out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2)
+                            + "\n")
+
+
+if __name__ == "__main__":
+    app()
