@@ -4,14 +4,20 @@ Examples are shuffled, cut into pools of ~100 batches, sorted by length inside e
 batch holds sentences of similar length and little padding), packed greedily until
 batch_size * (longest source + longest target) would exceed `max_tokens`, and the batch order
 is shuffled again. Everything depends only on (seed, epoch), so a resumed run sees the same
-batches in the same order.
+batches in the same order, and every data-parallel rank computes the same list and takes its
+share of each optimizer step (`rank_share`).
+
+Encoded splits are read from the Arrow files of `tokenize` into two flat arrays per side
+(`Ragged`): a million sentence pairs cost a few hundred MB, not millions of Python lists.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -39,38 +45,41 @@ def clip_source(ids: list[int], max_positions: int) -> list[int]:
     return list(ids[: max_positions - 1]) + [EOS]
 
 
-def pad(rows: list[list[int]]) -> Tensor:
+def pad(rows) -> Tensor:
+    """Rows (lists or arrays of ids) right-padded with PAD into a (B, longest) long tensor."""
     width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), PAD, dtype=torch.long)
+    out = np.full((len(rows), width), PAD, dtype=np.int64)
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
+        out[i, : len(row)] = row
+    return torch.from_numpy(out)
 
 
-def make_batch(sources: list[list[int]], targets: list[list[int]], max_positions: int) -> Batch:
+def make_batch(sources, targets, max_positions: int) -> Batch:
     src = [clip_source(s, max_positions) for s in sources]
     tgt = [list(t[: max_positions - 1]) for t in targets]
     return Batch(pad(src), pad([[BOS] + t for t in tgt]), pad([t + [EOS] for t in tgt]))
 
 
-def token_batches(
-    src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, shuffle: bool = True
-) -> list[list[int]]:
+def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool = True
+                  ) -> list[list[int]]:
     """Index lists, each batch within `max_tokens` padded source+target tokens (+BOS/EOS)."""
-    order = list(range(len(src_lens)))
+    n = len(src_lens)
+    order = list(range(n))
     rng = random.Random(seed)
     if shuffle:
         rng.shuffle(order)
-    cost = [(src_lens[i] + 1, tgt_lens[i] + 1) for i in range(len(src_lens))]
-    avg = sum(s + t for s, t in cost) / max(len(cost), 1)
+    src_cost = np.asarray(src_lens, dtype=np.int64) + 1
+    tgt_cost = np.asarray(tgt_lens, dtype=np.int64) + 1
+    avg = int(src_cost.sum() + tgt_cost.sum()) / max(n, 1)
     pool_size = max(1, int(POOL_BATCHES * max_tokens / max(avg, 1)))
     batches: list[list[int]] = []
-    for start in range(0, len(order), pool_size):
-        pool = sorted(order[start : start + pool_size], key=lambda i: cost[i])
+    for start in range(0, n, pool_size):
+        pool = np.asarray(order[start : start + pool_size], dtype=np.int64)
+        # by source then target cost; stable, so ties keep the shuffled order
+        pool = pool[np.lexsort((tgt_cost[pool], src_cost[pool]))]
         batch: list[int] = []
         max_s = max_t = 0
-        for i in pool:
-            s, t = cost[i]
+        for i, s, t in zip(pool.tolist(), src_cost[pool].tolist(), tgt_cost[pool].tolist()):
             ns, nt = max(max_s, s), max(max_t, t)
             if batch and (len(batch) + 1) * (ns + nt) > max_tokens:
                 batches.append(batch)
@@ -84,9 +93,61 @@ def token_batches(
     return batches
 
 
-def load_encoded(directory, split: str) -> tuple[list[list[int]], list[list[int]]]:
-    """Source and target id lists of one split of the `tokenize` output."""
+def batches_per_step(accumulation_steps: int, world_size: int) -> int:
+    """Batches one optimizer step consumes: `accumulation_steps` on each rank."""
+    return accumulation_steps * world_size
+
+
+def steps_in_epoch(n_batches: int, accumulation_steps: int, world_size: int) -> int:
+    """One process takes a short last step; ranks drop the remainder, so every rank takes the
+    same number of steps (an uneven last step would leave one rank waiting forever)."""
+    span = batches_per_step(accumulation_steps, world_size)
+    return n_batches // span if world_size > 1 else math.ceil(n_batches / span)
+
+
+def rank_share(group: list, rank: int, world_size: int) -> list:
+    """This rank's batches of one optimizer step's group (every rank gets as many)."""
+    return group[rank::world_size]
+
+
+@dataclass
+class Ragged:
+    """Token id rows as one flat array and offsets: row i is values[offsets[i]:offsets[i+1]]."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def tolist(self) -> list[list[int]]:
+        return [self[i].tolist() for i in range(len(self))]
+
+
+def ragged_column(column) -> Ragged:
+    """A list<int> Arrow column (memory-mapped, any number of chunks) as a Ragged array."""
+    import pyarrow.compute as pc
+
+    chunks = column.chunks or []
+    lengths = [pc.list_value_length(c).to_numpy(zero_copy_only=False) for c in chunks]
+    values = [pc.list_flatten(c).to_numpy(zero_copy_only=False) for c in chunks]
+    offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
+    if lengths:
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    flat = np.concatenate(values).astype(np.int32) if values else np.zeros(0, np.int32)
+    return Ragged(flat, offsets)
+
+
+def load_encoded(directory, split: str) -> tuple[Ragged, Ragged]:
+    """Source and target ids of one split of the `tokenize` output."""
     from datasets import load_from_disk
 
     part = load_from_disk(str(directory))[split]
-    return list(part["source_ids"]), list(part["target_ids"])
+    return ragged_column(part.data.column("source_ids")), ragged_column(
+        part.data.column("target_ids"))

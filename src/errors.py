@@ -52,7 +52,7 @@ def run_cli(app: typer.Typer) -> None:
         app()
         return
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # an explicit typer.Exit(code) returns its code
     except PipelineError as exc:
         _die(str(exc))
     except KeyboardInterrupt:
@@ -75,6 +75,8 @@ def run_cli(app: typer.Typer) -> None:
         path = _save_traceback()
         _die(f"unexpected {type(exc).__name__}: {one_line(exc)[:300]} "
              f"(a bug; traceback saved to {path}, NMT_DEBUG=1 shows it)")
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 def _die(message: str, code: int = 1) -> None:

@@ -1,8 +1,9 @@
 """Named points where a test can kill the process as `kill -9` would, to prove resume is exact.
 
 `NMT_FAILPOINT=name` (or `name:N`, the N-th time the point is reached) makes `hit(name)` end
-the process at once with exit code 137 — no cleanup, no `finally`, exactly like SIGKILL. Unset
-(always, outside tests) it costs one dict lookup. The idea is the failpoints of etcd/TiKV.
+the process at once with exit code 137 — no cleanup, no `finally`, exactly like SIGKILL. Under
+torchrun only rank 0 dies, unless `@R` names another rank (`name:N@R`). Unset (always, outside
+tests) it costs one dict lookup. The idea is the failpoints of etcd/TiKV.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ def hit(name: str) -> None:
     wanted = os.environ.get("NMT_FAILPOINT")
     if not wanted:
         return
+    wanted, _, rank = wanted.partition("@")
     point, _, nth = wanted.partition(":")
-    if point != name:
+    if point != name or os.environ.get("RANK", "0") != (rank or "0"):
         return
     _hits[name] += 1
     if _hits[name] == int(nth or 1):

@@ -127,8 +127,10 @@ class TrainParams(Section):
     select_by: Literal["bleu", "loss"]
     patience: int = Field(ge=0)  # epochs without valid improvement before stopping; 0: never
     average_last: int = Field(ge=1)  # average the N best epoch checkpoints into model.pt
-    threads: int = Field(ge=0)  # torch intra-op threads; 0: all cores
+    threads: int = Field(ge=0)  # torch intra-op threads per process; 0: all cores / ranks
     log_every_steps: int = Field(gt=0)
+    # > 1: train starts itself under torchrun with this many data-parallel ranks (DDP) here
+    nproc_per_node: int = Field(ge=1)
 
 
 class EvaluateParams(Section):

@@ -27,7 +27,7 @@ from src.params import ModelParams, TrainParams
 # train.* keys that do not change which weights the run produces, step for step
 FREE_TRAIN_KEYS = frozenset(
     {"threads", "log_every_steps", "max_minutes", "patience", "epochs", "max_steps",
-     "average_last"}
+     "average_last", "nproc_per_node"}
 )
 # ... except that a cosine schedule decays over max_steps or epochs x steps per epoch
 COSINE_HORIZON_KEYS = frozenset({"epochs", "max_steps"})
@@ -46,6 +46,7 @@ class TrainState:
     train_seconds: float = 0.0
     tokens_seen: int = 0
     threads: int = 0  # CPU threads of the run that wrote this state
+    world_size: int = 1  # data-parallel ranks of the run that wrote this state
     epoch_criteria: dict[int, float] = field(default_factory=dict)  # kept epoch -> criterion
     curve: list[dict] = field(default_factory=list)
     valid_curve: list[dict] = field(default_factory=list)
@@ -113,9 +114,11 @@ class ResumeStore:
     def last(self) -> Path:
         return self.dir / "last.pt"
 
-    def save(self, state: TrainState, model, **tensors) -> None:
+    def save(self, state: TrainState, model, rng: list[dict] | None = None, **tensors) -> None:
+        """`rng`: every rank's generator states in rank order (default: this process's)."""
         checkpoint.save(
-            checkpoint.model_state(model, **tensors, state=state.__dict__, rng=rng_state(),
+            checkpoint.model_state(model, **tensors, state=state.__dict__,
+                                   rng=rng or [rng_state()],
                                    trajectory=self.params, data=self.data),
             self.last,
         )

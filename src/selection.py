@@ -4,6 +4,8 @@ Epochs are ranked by the validation criterion (lower is better). Only the `train
 best epoch files stay on disk, and `model.pt` averages them, so no test sentence ever picks a
 checkpoint. Order matters for a kill at any point: a new epoch file is written first, the new
 ranking is saved in `last.pt` by the caller, and only then are dropped epochs deleted (`prune`).
+Under data-parallel training every rank keeps the ranking (so all agree when to stop) and only
+rank 0 (`write=True`) touches the files.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from src.resume import TrainState
 
 
 class EpochSelection:
-    def __init__(self, ckpt_dir: Path, state: TrainState, average_last: int, patience: int):
+    def __init__(self, ckpt_dir: Path, state: TrainState, average_last: int, patience: int,
+                 write: bool = True):
         self.dir, self.state = Path(ckpt_dir), state
-        self.average_last, self.patience = average_last, patience
+        self.average_last, self.patience, self.write = average_last, patience, write
 
     def epoch_file(self, epoch: int) -> Path:
         return self.dir / f"epoch{epoch + 1}.pt"
@@ -25,10 +28,11 @@ class EpochSelection:
     def record(self, model, epoch: int, criterion: float) -> bool:
         """Save this epoch's weights and rank it; True if it is the best so far."""
         st = self.state
-        checkpoint.save(checkpoint.model_state(model), self.epoch_file(epoch))
         improved = criterion < st.best_criterion
-        if improved:
-            checkpoint.save(checkpoint.model_state(model), self.dir / "best.pt")
+        if self.write:
+            checkpoint.save(checkpoint.model_state(model), self.epoch_file(epoch))
+            if improved:
+                checkpoint.save(checkpoint.model_state(model), self.dir / "best.pt")
         failpoints.hit("after_epoch_checkpoint")
         st.epoch_criteria[epoch] = criterion
         ranked = sorted(st.epoch_criteria, key=st.epoch_criteria.get)[: self.average_last]
@@ -39,6 +43,8 @@ class EpochSelection:
 
     def prune(self) -> None:
         """Delete epoch files the saved ranking no longer holds (call after saving last.pt)."""
+        if not self.write:
+            return
         keep = {self.epoch_file(e).name for e in self.state.epoch_criteria}
         for path in self.dir.glob("epoch*.pt"):
             if path.name not in keep:

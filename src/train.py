@@ -10,28 +10,52 @@ end `models/checkpoints/last.pt` (weights, optimizer, scheduler, step, RNG) is w
 atomically, so a killed run resumes where it stopped when started again with the same params
 and data. The final `models/model.pt` averages the `train.average_last` best epoch checkpoints
 (by the selection score), so no test sentence ever picks a checkpoint.
+
+With `train.nproc_per_node` > 1 (or under torchrun) it trains data-parallel (DDP): every rank
+builds the same batches and takes its share of each optimizer step, the loss is normalised by
+the target tokens of the whole global step (so N ranks with batch B match one process with B
+and accumulation N), rank 0 alone validates and writes, and every rank resumes from last.pt.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-import os
 import random
+import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from src import checkpoint, failpoints, paths, tracking
+from src import checkpoint, distributed, failpoints, paths, tracking
 from src.atomic import atomic_path, write_json
-from src.batching import load_encoded, make_batch, token_batches
+from src.batching import (
+    Batch,
+    batches_per_step,
+    load_encoded,
+    make_batch,
+    rank_share,
+    steps_in_epoch,
+    token_batches,
+)
+from src.distributed import World
 from src.errors import PipelineError, require_file, run_cli
 from src.model import Transformer, count_parameters, model_config
 from src.params import ModelParams, TrainParams, load_params
-from src.resume import ResumeStore, TrainState, data_digest, note, set_rng_state, trajectory_params
+from src.resume import (
+    ResumeStore,
+    TrainState,
+    data_digest,
+    note,
+    rng_state,
+    set_rng_state,
+    trajectory_params,
+)
 from src.selection import EpochSelection
 from src.subword import PAD, check_encoded_with, load_tokenizers
 from src.validation import ValidScorer, token_loss
@@ -57,6 +81,17 @@ def write_curve(path: Path, rows: list[dict]) -> None:
             writer.writerows(rows)
 
 
+class SmoothedLoss(torch.nn.Module):
+    """The training loss as one module call: DDP syncs gradients of what its forward ran."""
+
+    def __init__(self, model: Transformer, label_smoothing: float):
+        super().__init__()
+        self.model, self.label_smoothing = model, label_smoothing
+
+    def forward(self, src, tgt_in, tgt_out) -> torch.Tensor:
+        return token_loss(self.model, Batch(src, tgt_in, tgt_out), self.label_smoothing)[0]
+
+
 class Trainer:
     def __init__(
         self,
@@ -66,8 +101,22 @@ class Trainer:
         total_steps: int,
         store: ResumeStore,
         threads: int,
+        world: World = World(),
     ):
-        self.model, self.cfg, self.device = model, cfg, device
+        self.model, self.cfg, self.device, self.world = model, cfg, device, world
+        self.loss = SmoothedLoss(model, cfg.label_smoothing)
+        if world.distributed:
+            import inspect
+
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # The only buffer (the sinusoidal table) is equal everywhere: sync it at most once.
+            # torch 2.13 renamed the knob and warns about the old name.
+            no_resync = ({"forward_sync_buffers": False}
+                         if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                         else {"broadcast_buffers": False})
+            self.loss = DDP(self.loss, device_ids=[device.index] if device.type == "cuda"
+                            else None, **no_resync)
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -90,53 +139,84 @@ class Trainer:
             "cuda", enabled=self.amp and self.amp_dtype == torch.float16
         )
         self.store = store
-        self.state = TrainState(threads=threads)
+        self.state = TrainState(threads=threads, world_size=world.size)
 
     # -- resume ----------------------------------------------------------------------------
     def save_last(self) -> None:
-        self.store.save(
-            self.state,
-            self.model,
-            optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(),
-            scaler=self.scaler.state_dict(),
-        )
+        """Every rank must call this (their RNG states are gathered); rank 0 writes."""
+        rngs = self.world.gather(rng_state())
+        if self.world.is_main:
+            self.store.save(
+                self.state,
+                self.model,
+                rng=rngs,
+                optimizer=self.optimizer.state_dict(),
+                scheduler=self.scheduler.state_dict(),
+                scaler=self.scaler.state_dict(),
+            )
 
     def try_resume(self) -> bool:
-        ckpt = self.store.load(caps={"step": self.cfg.max_steps, "epoch": self.cfg.epochs})
-        if ckpt is None:
+        # Rank 0 decides (and may set an incompatible folder aside); the others follow.
+        caps = {"step": self.cfg.max_steps, "epoch": self.cfg.epochs}
+        ckpt = self.store.load(caps=caps) if self.world.is_main else None
+        if not self.world.from_main(ckpt is not None):
             return False
+        if ckpt is None:
+            ckpt = checkpoint.load(self.store.last)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         threads = self.state.threads
         self.state = TrainState(**ckpt["state"])
-        set_rng_state(ckpt["rng"])
-        print(
-            f"train: resumed from {self.store.last} at step {self.state.step}, "
-            f"epoch {self.state.epoch + 1}, batch {self.state.batch_in_epoch}"
-        )
-        if self.state.threads and self.state.threads != threads:
+        rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
+        say = print if self.world.is_main else (lambda *a, **k: None)
+        say(f"train: resumed from {self.store.last} at step {self.state.step}, "
+            f"epoch {self.state.epoch + 1}, batch {self.state.batch_in_epoch}")
+        if len(rngs) == self.world.size:
+            set_rng_state(rngs[self.world.rank])
+        else:
+            # Weights, optimizer, schedule and the position in the epoch carry over; each
+            # rank's dropout stream cannot, so it is seeded from (seed, step, rank).
+            set_rng_state(rngs[0])
+            torch.manual_seed(self.cfg.seed + 1_000_003 * self.state.step + self.world.rank)
+            if self.world.is_main:
+                note(f"resumed with {self.world.size} ranks where last.pt was written by "
+                     f"{len(rngs)}: from here a step takes "
+                     f"{batches_per_step(self.cfg.accumulation_steps, self.world.size)} "
+                     "batches and dropout is reseeded, so the run differs from one that kept "
+                     "its world size")
+        if self.state.threads and self.state.threads != threads and self.world.is_main:
             note(f"resumed with {threads} threads where the run so far used "
                  f"{self.state.threads}: the float sums may differ in the last bits")
-        self.state.threads = threads
+        self.state.threads, self.state.world_size = threads, self.world.size
         return True
 
     # -- one optimizer step ------------------------------------------------------------------
-    def step(self, batches) -> tuple[float, int]:
-        """Accumulate gradients over `batches`, then one clipped optimizer step."""
+    def step(self, batches: list[Batch], n_target: int | None = None) -> tuple[float, int]:
+        """Accumulate gradients over `batches`, then one clipped optimizer step.
+
+        `n_target`: target tokens of the whole global step (every rank's batches); the loss
+        and tokens returned are the global ones too.
+        """
         self.model.train()
-        n_target = sum(int((b.tgt_out != PAD).sum()) for b in batches)
+        if n_target is None:
+            n_target = sum(int((b.tgt_out != PAD).sum()) for b in batches)
         loss_sum, tokens = 0.0, 0
-        for batch in batches:
+        for i, batch in enumerate(batches):
             batch = batch.to(self.device)
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
-                loss, _, _ = token_loss(self.model, batch, self.cfg.label_smoothing)
-            # Normalise by the target tokens of the whole accumulated step, not per micro-batch.
-            self.scaler.scale(loss / max(n_target, 1)).backward()
+            # Ranks exchange gradients once per optimizer step, after its last micro-batch.
+            last = i == len(batches) - 1
+            no_sync = self.loss.no_sync() if self.world.distributed and not last else nullcontext()
+            with no_sync:
+                with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
+                    loss = self.loss(batch.src, batch.tgt_in, batch.tgt_out)
+                # Normalised by the target tokens of the whole global step, not per batch;
+                # DDP averages over ranks, so the world size scales the mean back to the sum.
+                self.scaler.scale(loss / max(n_target, 1) * self.world.size).backward()
             loss_sum += loss.item()
             tokens += batch.n_tokens
+        loss_sum, tokens = self.world.sum([loss_sum, tokens])
         self.scaler.unscale_(self.optimizer)
         if self.cfg.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
@@ -144,10 +224,10 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss_sum / max(n_target, 1), tokens
+        return loss_sum / max(n_target, 1), int(tokens)
 
 
-def progress_bar() -> Progress:
+def progress_bar(show: bool = True) -> Progress:
     return Progress(
         TextColumn("[bold]train[/] epoch {task.fields[epoch]}"),
         BarColumn(),
@@ -156,6 +236,7 @@ def progress_bar() -> Progress:
         TextColumn(
             "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:,.0f} tok/s"
         ),
+        disable=not show,
     )
 
 
@@ -167,37 +248,42 @@ def run_training(
     max_positions: int,
     checkpoint_every_steps: int,
 ) -> EpochSelection:
-    cfg, model = trainer.cfg, trainer.model
+    cfg, model, world = trainer.cfg, trainer.model, trainer.world
     st = trainer.state
-    selection = EpochSelection(trainer.store.dir, st, cfg.average_last, cfg.patience)
+    selection = EpochSelection(trainer.store.dir, st, cfg.average_last, cfg.patience,
+                               write=world.is_main)
     selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
-    src_lens, tgt_lens = [len(s) for s in train_data[0]], [len(t) for t in train_data[1]]
+    sources, targets = train_data
+    src_lens, tgt_lens = sources.lengths(), targets.lengths()
+    # what each sentence puts in tgt_out (clipped, + EOS): the loss normaliser of a step
+    target_tokens = np.minimum(tgt_lens, max_positions - 1) + 1
+    span = batches_per_step(cfg.accumulation_steps, world.size)
     window_tokens, window_start = 0, time.perf_counter()
-    with progress_bar() as bar:
+    with progress_bar(show=world.is_main) as bar:
+        say = bar.console.print if world.is_main else (lambda *a, **k: None)
         task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
         while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
             epoch_batches = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + st.epoch)
+            usable = min(len(epoch_batches),
+                         steps_in_epoch(len(epoch_batches), cfg.accumulation_steps,
+                                        world.size) * span)
             bar.update(
                 task,
-                total=len(epoch_batches),
+                total=usable,
                 completed=st.batch_in_epoch,
                 epoch=f"{st.epoch + 1}/{cfg.epochs}",
             )
             step_start = time.perf_counter()
             # The budget is checked before a step, so a resumed run never takes one too many.
-            while st.batch_in_epoch < len(epoch_batches) and not out_of_budget(cfg, st):
-                group = epoch_batches[
-                    st.batch_in_epoch : st.batch_in_epoch + cfg.accumulation_steps
-                ]
+            while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
+                group = epoch_batches[st.batch_in_epoch : st.batch_in_epoch + span]
                 batches = [
-                    make_batch(
-                        [train_data[0][i] for i in idx],
-                        [train_data[1][i] for i in idx],
-                        max_positions,
-                    )
-                    for idx in group
+                    make_batch([sources[i] for i in idx], [targets[i] for i in idx],
+                               max_positions)
+                    for idx in rank_share(group, world.rank, world.size)
                 ]
-                loss, tokens = trainer.step(batches)
+                n_target = int(sum(target_tokens[idx].sum() for idx in group))
+                loss, tokens = trainer.step(batches, n_target)
                 st.batch_in_epoch += len(group)
                 st.step += 1
                 st.last_loss = loss
@@ -231,7 +317,8 @@ def run_training(
                     trainer.save_last()
                     failpoints.hit("after_periodic_save")
             failpoints.hit("before_validation")
-            valid = score_valid(model, trainer.device)
+            # Rank 0 scores the valid split; the others wait for its numbers.
+            valid = world.from_main(score_valid(model, trainer.device) if world.is_main else None)
             criterion = valid.pop("criterion")
             st.valid_curve.append(
                 {"epoch": st.epoch + 1, "step": st.step}
@@ -240,7 +327,7 @@ def run_training(
             run.log_metrics(valid | {"epoch": st.epoch + 1}, step=st.step)
             improved = selection.record(model, st.epoch, criterion)
             bleu_text = f", valid BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else ""
-            bar.console.print(
+            say(
                 f"epoch {st.epoch + 1}: step {st.step}, train loss {st.last_loss:.3f}, "
                 f"valid loss {valid['valid_loss']:.3f}{bleu_text}{' *' if improved else ''}, "
                 f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s"
@@ -252,7 +339,7 @@ def run_training(
             selection.prune()
             reason = stop_reason(cfg, st, selection)
             if reason and st.epoch < cfg.epochs:
-                bar.console.print(f"stop: {reason}")
+                say(f"stop: {reason}")
     return selection
 
 
@@ -289,53 +376,87 @@ def main(
 ) -> None:
     """Train the Transformer (params `model.*`, `train.*`). A killed run resumes exactly from
     models/checkpoints/last.pt; a change of params that shape training moves old checkpoints
-    aside (never deletes them), while threads, logging, patience and budgets may change freely."""
+    aside (never deletes them), while threads, logging, patience and budgets may change freely.
+
+    With `train.nproc_per_node` N > 1 it starts N data-parallel ranks on this machine (as
+    `torchrun --standalone --nproc_per_node N -m src.train` would); under torchrun across
+    machines, set nothing: the ranks come from torchrun."""
     model_params = load_params(ModelParams)
     cfg = load_params(TrainParams)
     require_file(data_dir, "tokenize")
     require_file(tokenizer_dir, "tokenize")
-    threads = cfg.threads or os.cpu_count() or 1  # 0: all cores, resolved and recorded
+    if cfg.nproc_per_node > 1 and not distributed.under_launcher():
+        raise typer.Exit(distributed.launch(cfg.nproc_per_node, "src.train", sys.argv[1:]))
+    world = distributed.init_world()
+    try:
+        train(world, model_params, cfg, data_dir, tokenizer_dir, ckpt_dir, model_out, metrics,
+              checkpoint_every_steps)
+    except Exception as exc:
+        distributed.exit_if_peer_lost(world, exc)
+        raise
+    distributed.shutdown(world)
+
+
+def train(
+    world: World,
+    model_params: ModelParams,
+    cfg: TrainParams,
+    data_dir: Path,
+    tokenizer_dir: Path,
+    ckpt_dir: Path,
+    model_out: Path,
+    metrics: Path,
+    checkpoint_every_steps: int,
+) -> None:
+    threads = cfg.threads or world.default_threads()  # 0: resolved and recorded
     torch.set_num_threads(threads)
     set_seed(cfg.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = world.device()
     tokenizers = load_tokenizers(tokenizer_dir)
     check_encoded_with(data_dir, tokenizer_dir)
     target_lang, shared_vocab = tokenizers.target_lang, tokenizers.shared_vocab
     train_data = load_encoded(data_dir, "train")
-    valid_data = load_encoded(data_dir, "valid")
+    valid_data = tuple(side.tolist() for side in load_encoded(data_dir, "valid"))
     config = model_config(
         model_params, tokenizers.source_vocab, tokenizers.target_vocab, shared_vocab
     )
     model = Transformer(config).to(device)
+    if world.distributed:
+        torch.manual_seed(cfg.seed + world.rank)  # same initial weights, own dropout masks
     params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
-    steps_per_epoch = math.ceil(
-        len(
-            token_batches(
-                [len(s) for s in train_data[0]],
-                [len(t) for t in train_data[1]],
-                cfg.max_tokens,
-                cfg.seed,
-            )
-        )
-        / cfg.accumulation_steps
-    )
+    n_batches = len(token_batches(train_data[0].lengths(), train_data[1].lengths(),
+                                  cfg.max_tokens, cfg.seed))
+    steps_per_epoch = steps_in_epoch(n_batches, cfg.accumulation_steps, world.size)
+    if steps_per_epoch == 0:
+        raise PipelineError(
+            f"{n_batches} batches cannot give each of {world.size} ranks "
+            f"{cfg.accumulation_steps} per step: lower train.max_tokens or the world size")
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
     store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg),
                         data_digest(data_dir, tokenizer_dir))
-    trainer = Trainer(model, cfg, device, total_steps, store, threads)
+    trainer = Trainer(model, cfg, device, total_steps, store, threads, world)
     trainer.try_resume()
     score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang)
     n_params = count_parameters(model)
-    print(
-        f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
-        f"~{steps_per_epoch:,} steps/epoch on {device} ({threads} threads)"
-    )
-    with tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir]) as run:
-        run.log_metrics({"n_parameters": n_params, "threads": threads})
+    global_batch = cfg.max_tokens * batches_per_step(cfg.accumulation_steps, world.size)
+    if world.is_main:
+        print(
+            f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
+            f"~{steps_per_epoch:,} steps/epoch on {device}, {world.size} rank(s) x "
+            f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
+            f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} ranks)"
+        )
+    opened = (tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir])
+              if world.is_main else nullcontext(tracking.NullRun()))
+    with opened as run:
+        run.log_metrics({"n_parameters": n_params, "threads": threads,
+                         "world_size": world.size, "global_batch_tokens": global_batch})
         selection = run_training(
             trainer, train_data, score_valid, run, model.max_positions, checkpoint_every_steps
         )
+        if not world.is_main:
+            return
         st = trainer.state
         weights, epochs = selection.averaged_weights()
         failpoints.hit("during_averaging")
@@ -349,6 +470,8 @@ def main(
             "steps": st.step,
             "epochs": st.epoch,
             "threads": threads,
+            "world_size": world.size,
+            "global_batch_tokens": global_batch,
             "train_seconds": round(st.train_seconds, 1),
             "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
             "best_epoch_valid_" + cfg.select_by: round(abs(st.best_criterion), 4),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,5 +95,30 @@ def train_cfg(**overrides):
         average_last=1,
         threads=0,
         log_every_steps=1,
+        nproc_per_node=1,
     )
     return TrainParams(**{**base, **overrides})
+
+
+def tokenize_toy(root: Path, **overrides: dict) -> Path:
+    """A scratch project with the toy corpus downloaded, split and tokenized."""
+    from toy_corpus import toy_tsv
+
+    root = scratch_root(root, **overrides)
+    (root / "toy.tsv").write_text(toy_tsv(), encoding="utf-8")
+    text = (
+        (root / "params.yaml")
+        .read_text()
+        .replace("https://www.manythings.org/anki/cmn-eng.zip", str(root / "toy.tsv"))
+    )
+    (root / "params.yaml").write_text(text)
+    for stage in ("download", "split", "tokenize"):
+        assert run_stage(root, stage).returncode == 0
+    return root
+
+
+def fresh_copy(src: Path, dst: Path) -> Path:
+    """A copy of a tokenized project without its trained models (the tokenizer kept)."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(src / "models/tokenizer", dst / "models/tokenizer")
+    return dst

@@ -12,7 +12,14 @@ import time
 
 import pytest
 import torch
-from helpers import REPO, TINY_PARAMS, assert_one_line_error, run_stage, scratch_root
+from helpers import (
+    REPO,
+    TINY_PARAMS,
+    assert_one_line_error,
+    fresh_copy,
+    run_stage,
+    tokenize_toy,
+)
 
 pytestmark = pytest.mark.slow
 TINY = {
@@ -30,31 +37,9 @@ TINY = {
 }
 
 
-def tokenize_toy(root):
-    from toy_corpus import toy_tsv
-
-    root = scratch_root(root, **TINY)
-    (root / "toy.tsv").write_text(toy_tsv(), encoding="utf-8")
-    text = (
-        (root / "params.yaml")
-        .read_text()
-        .replace("https://www.manythings.org/anki/cmn-eng.zip", str(root / "toy.tsv"))
-    )
-    (root / "params.yaml").write_text(text)
-    for stage in ("download", "split", "tokenize"):
-        assert run_stage(root, stage).returncode == 0
-    return root
-
-
 @pytest.fixture(scope="module")
 def tokenized_root(tmp_path_factory):
-    return tokenize_toy(tmp_path_factory.mktemp("resume"))
-
-
-def fresh_copy(src, dst):
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("models"))
-    shutil.copytree(src / "models/tokenizer", dst / "models/tokenizer")
-    return dst
+    return tokenize_toy(tmp_path_factory.mktemp("resume"), **TINY)
 
 
 def train(root, failpoint: str = "", every: int = 1) -> subprocess.CompletedProcess:
@@ -187,7 +172,7 @@ def test_corrupt_checkpoint_is_named(tokenized_root, tmp_path):
 def test_same_seed_twice_gives_identical_split_tokenizer_ids_and_model(uninterrupted, tmp_path):
     from datasets import load_from_disk
 
-    again = tokenize_toy(tmp_path / "again")
+    again = tokenize_toy(tmp_path / "again", **TINY)
     assert train(again).returncode == 0
     for name in ("split", "tokenized"):
         first, second = (load_from_disk(str(r / "data" / name)) for r in (uninterrupted, again))

@@ -1,0 +1,121 @@
+"""Data-parallel training (torchrun + DDP, gloo on CPU): two ranks with batch B follow the same
+loss curve and end at the same weights as one process with B and accumulation 2; a killed
+two-rank run resumes bitwise; a rank that fails stops the run with one line."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import REPO, TINY_PARAMS, fresh_copy, tokenize_toy
+
+pytestmark = pytest.mark.slow
+STEPS = 20
+TINY = {
+    **TINY_PARAMS,
+    "model": {**TINY_PARAMS["model"], "dropout": 0.0},
+    "train": {
+        "epochs": 1,
+        "max_steps": STEPS,
+        "max_tokens": 300,  # ~50 batches in the toy epoch: 20 two-batch steps fit in it
+        "warmup_steps": 5,
+        "log_every_steps": 1,
+        "threads": 1,
+        "average_last": 1,
+        "select_by": "loss",
+        "nproc_per_node": 2,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tokenized_root(tmp_path_factory):
+    return tokenize_toy(tmp_path_factory.mktemp("ddp"), **TINY)
+
+
+def set_params(root, **train):
+    text = (root / "params.yaml").read_text()
+    for key, value in train.items():
+        lines = [ln for ln in text.splitlines() if ln.strip().startswith(f"{key}:")]
+        text = text.replace(lines[0], f"  {key}: {value}")
+    (root / "params.yaml").write_text(text)
+
+
+def train(root, failpoint: str = "", every: int = 500) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off",
+           "NMT_FAILPOINT": failpoint}
+    return subprocess.run(
+        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", str(every)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def losses(root) -> list[float]:
+    with (root / "models/train_curve.csv").open() as fh:
+        return [float(row["loss"]) for row in csv.DictReader(fh)]
+
+
+def weights(root) -> dict[str, torch.Tensor]:
+    return torch.load(root / "models/model.pt", weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tokenized_root, tmp_path_factory):
+    root = fresh_copy(tokenized_root, tmp_path_factory.mktemp("two") / "r")
+    result = train(root)
+    assert result.returncode == 0, result.stderr
+    return root, result
+
+
+def test_two_ranks_match_one_process_with_accumulation(tokenized_root, two_ranks, tmp_path):
+    two, result = two_ranks
+    assert "2 rank(s)" in result.stdout and "600 tokens" in result.stdout
+    one = fresh_copy(tokenized_root, tmp_path / "one")
+    set_params(one, nproc_per_node=1, accumulation_steps=2)
+    assert train(one).returncode == 0
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) == STEPS
+    assert max(abs(x - y) / abs(x) for x, y in zip(a, b)) < 1e-4, (a, b)
+    expected, got = weights(one), weights(two)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.allclose(expected[name], got[name], rtol=1e-4, atol=1e-5), name
+    # only rank 0 wrote: one checkpoint set, one metrics file
+    metrics = (two / "models/train_metrics.json").read_text()
+    assert '"world_size": 2' in metrics and '"global_batch_tokens": 600' in metrics
+
+
+def test_killed_two_rank_run_resumes_bitwise(tokenized_root, two_ranks, tmp_path):
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    killed = train(root, "after_periodic_save:2", every=6)  # rank 0 dies as kill -9 would
+    assert killed.returncode == 1
+    assert "rank 0 of 2 exited with code 137" in killed.stderr
+    assert not (root / "models/model.pt").exists()
+    resumed = train(root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and "at step 12" in resumed.stdout
+    expected, got = weights(two_ranks[0]), weights(root)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_a_failing_rank_stops_the_run_with_one_line(tokenized_root, tmp_path):
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    result = train(root, "before_validation:1@1")  # rank 1 dies, rank 0 waits for it
+    assert result.returncode == 1
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert lines == ["error: train: rank 1 of 2 exited with code 137, so every rank was "
+                     "stopped; run it again to resume from the last checkpoint"], result.stderr
+
+
+def test_resume_with_another_world_size_says_what_changes(tokenized_root, two_ranks, tmp_path):
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    assert train(root, "after_periodic_save:1", every=6).returncode == 1
+    set_params(root, nproc_per_node=1)
+    result = train(root)
+    assert result.returncode == 0, result.stderr
+    assert "resumed with 1 ranks where last.pt was written by 2" in result.stderr
+    assert '"steps": 20' in (root / "models/train_metrics.json").read_text()
