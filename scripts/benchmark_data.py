@@ -5,7 +5,8 @@
 For each size it writes a recombined corpus (scripts/make_corpus.py) into a scratch project,
 runs download → split → tokenize (and, with --train-steps N, N training steps) as the pipeline
 does (`python -m src.<stage>` with NMT_ROOT), and prints one row per stage: pairs, stage,
-seconds, peak RSS of that stage's process (from wait4's rusage). Run it on an idle machine.
+seconds, peak RSS of its largest process (exact, from wait4) and of all its processes together
+(encoding workers, data-parallel ranks; sampled). Run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import typer
 import yaml
 
@@ -25,17 +28,45 @@ REPO = Path(__file__).resolve().parent.parent
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
-def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one child process."""
+def tree_rss_mb(proc: psutil.Process) -> float:
+    """Resident memory of a process and all its children (encoding workers, ranks), MB."""
+    total = 0
+    for member in [proc, *proc.children(recursive=True)]:
+        try:
+            total += member.memory_info().rss
+        except psutil.Error:  # ended between listing and reading
+            pass
+    return total / 2**20
+
+
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS of the largest single process (wait4's rusage, exact), and the
+    peak of the whole process tree's RSS (sampled every 0.1 s), in MB."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
+    peak_tree, done = 0.0, threading.Event()
+
+    def sample() -> None:
+        nonlocal peak_tree
+        watched = psutil.Process(proc.pid)
+        while not done.wait(0.1):
+            try:
+                peak_tree = max(peak_tree, tree_rss_mb(watched))
+            except psutil.Error:
+                return
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} failed: {proc.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_maxrss / 1024  # Linux reports KB
+    largest = usage.ru_maxrss / 1024  # Linux reports KB
+    return seconds, largest, max(peak_tree, largest)
 
 
 def scratch_project(root: Path, corpus: Path, pairs: int, train_steps: int) -> None:
@@ -59,7 +90,7 @@ def main(
     stages = ["download", "split", "tokenize"] + (["train"] if train_steps else [])
     module = {"tokenize": "src.tokenize_corpus"}
     rows = []
-    print(f"{'pairs':>10} {'stage':<9} {'seconds':>8} {'peak RSS MB':>12}")
+    print(f"{'pairs':>10} {'stage':<9} {'seconds':>8} {'peak RSS MB':>12} {'all processes':>14}")
     for size in (int(p) for p in pairs.split(",")):
         with tempfile.TemporaryDirectory(prefix="nmt-bench-") as tmp:
             root = Path(tmp)
@@ -71,10 +102,11 @@ def main(
             env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
             for stage in stages:
                 cmd = [sys.executable, "-m", module.get(stage, f"src.{stage}")]
-                seconds, rss_mb = run_measured(cmd, env)
+                seconds, rss_mb, tree_mb = run_measured(cmd, env)
                 rows.append({"pairs": size, "stage": stage, "seconds": round(seconds, 1),
-                             "peak_rss_mb": round(rss_mb)})
-                print(f"{size:>10,} {stage:<9} {seconds:>8.1f} {rss_mb:>12,.0f}", flush=True)
+                             "peak_rss_mb": round(rss_mb), "peak_tree_rss_mb": round(tree_mb)})
+                print(f"{size:>10,} {stage:<9} {seconds:>8.1f} {rss_mb:>12,.0f} "
+                      f"{tree_mb:>14,.0f}", flush=True)
     if json_out:
         json_out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2)
                             + "\n")

@@ -87,6 +87,10 @@ class TokenizeParams(Section):
     # turn Chinese fullwidth punctuation (？！，) into ASCII, which the references do not use.
     normalization: Literal["identity", "nmt_nfkc", "nfkc"]
     seed: int
+    # SentencePiece learns from a seeded sample of at most this many sentences (both sides
+    # together): its memory grows with the sample, not with the corpus.
+    max_sentences: int = Field(ge=1000)
+    num_proc: int = Field(ge=0)  # processes encoding a large split; 0: one per core
 
 
 class ModelParams(Section):

@@ -7,6 +7,8 @@ patience, time/step/epoch budgets (with the inverse-sqrt schedule), how many epo
 averaged — may change between runs: raising `train.epochs` or `train.max_minutes` continues a
 stopped run. When a trajectory param or the data did change, the old checkpoints are never
 deleted: the folder is moved aside (`checkpoints.old-<time>`) and stderr says which keys changed.
+Under data-parallel training `last.pt` holds every rank's RNG state; the number of ranks may
+change between runs (train says what that changes).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,15 +76,17 @@ class Tokenizers:
 
 
 def train_spm(
-    sentences: list[str],
+    sentences: Iterable[str],
     vocab_size: int,
     model_type: str,
     character_coverage: float,
     byte_fallback: bool,
     seed: int,
     normalization: str = "identity",
+    max_sentences: int = 10_000_000,
 ) -> bytes:
-    """Train one SentencePiece model in memory; returns its serialized bytes."""
+    """Train one SentencePiece model in memory; returns its serialized bytes. `sentences` is
+    streamed; beyond `max_sentences` SentencePiece keeps a seeded random sample of them."""
     import io
 
     spm.set_random_generator_seed(seed)
@@ -92,6 +95,8 @@ def train_spm(
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences),
             model_writer=buffer,
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
             vocab_size=vocab_size,
             model_type=model_type,
             character_coverage=character_coverage,

@@ -5,15 +5,21 @@ shadow the standard library's (which `linecache` and `inspect` import) whenever 
 sys.path.
 
 Reads params `pair.*` and `tokenize.*`. The tokenizer is trained on the *train* split only
-(one shared model for both sides, or one per side), then every split is encoded. Vocabulary
-size, unknown-token rate and length statistics go to data/tokenize_metrics.json.
+(one shared model for both sides, or one per side) from a stream of its sentences, sampled down
+to `tokenize.max_sentences`; then every split is encoded with `datasets.map` (batched, in
+`tokenize.num_proc` processes for large splits) straight into Arrow files, so no stage holds
+the corpus as Python lists. Vocabulary size, unknown-token rate and length statistics go to
+data/tokenize_metrics.json.
 """
 
 from __future__ import annotations
 
-import statistics
+import itertools
+import os
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import typer
 
 from src import paths, tracking
@@ -27,6 +33,7 @@ from src.subword import (
     META,
     PAD,
     UNK,
+    Tokenizers,
     load_tokenizers,
     tokenizer_digest,
     train_spm,
@@ -34,8 +41,39 @@ from src.subword import (
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
+# Below this many pairs a split is encoded in this process: starting workers costs more.
+PARALLEL_FROM = 50_000
+ENCODE_BATCH = 2_000
 
-def write_tokenizers(train, pair: PairParams, cfg: TokenizeParams, out_dir: Path) -> None:
+
+def sentences(part, column: str, batch_size: int = 10_000):
+    """The sentences of one column, read from Arrow a batch at a time."""
+    for batch in part.iter(batch_size=batch_size):
+        yield from batch[column]
+
+
+def learn_model(split_dir: str, columns: tuple[str, ...], options: dict) -> bytes:
+    """A SentencePiece model learnt from the train split's `columns`, streamed from Arrow."""
+    from datasets import load_from_disk
+
+    train = load_from_disk(split_dir)["train"]
+    return train_spm(itertools.chain(*(sentences(train, c) for c in columns)), **options)
+
+
+def in_child_process(fn, *args):
+    """fn(*args) in a child process: SentencePiece's peak memory (its sentence sample and
+    suffix array) is returned to the system when the child ends, instead of staying in this
+    process while the encoding workers start."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method)) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def write_tokenizers(split_dir: Path, pair: PairParams, cfg: TokenizeParams,
+                     out_dir: Path) -> None:
     options = dict(
         vocab_size=cfg.vocab_size,
         model_type=cfg.model_type,
@@ -43,15 +81,17 @@ def write_tokenizers(train, pair: PairParams, cfg: TokenizeParams, out_dir: Path
         byte_fallback=cfg.byte_fallback,
         normalization=cfg.normalization,
         seed=cfg.seed,
+        max_sentences=cfg.max_sentences,
     )
     with atomic_dir(out_dir) as tmp:
         if cfg.shared_vocab:
-            model = train_spm(list(train["source"]) + list(train["target"]), **options)
+            model = in_child_process(learn_model, str(split_dir), ("source", "target"), options)
             (tmp / "source.model").write_bytes(model)
             (tmp / "target.model").write_bytes(model)
         else:
-            (tmp / "source.model").write_bytes(train_spm(list(train["source"]), **options))
-            (tmp / "target.model").write_bytes(train_spm(list(train["target"]), **options))
+            for side in ("source", "target"):
+                model = in_child_process(learn_model, str(split_dir), (side,), options)
+                (tmp / f"{side}.model").write_bytes(model)
         meta = {
             "source_lang": pair.source_lang,
             "target_lang": pair.target_lang,
@@ -64,18 +104,67 @@ def write_tokenizers(train, pair: PairParams, cfg: TokenizeParams, out_dir: Path
         write_json(tmp / META, meta)
 
 
-def length_stats(rows: list[list[int]], prefix: str) -> dict[str, float]:
-    lengths = sorted(len(r) for r in rows) or [0]
+_tokenizers: dict[str, Tokenizers] = {}
+
+
+def encode_batch(batch: dict, tokenizer_dir: str) -> dict:
+    """datasets.map function; each worker process loads the tokenizer once."""
+    if tokenizer_dir not in _tokenizers:
+        _tokenizers[tokenizer_dir] = load_tokenizers(Path(tokenizer_dir))
+    tok = _tokenizers[tokenizer_dir]
+    return {"source_ids": tok.source.encode(batch["source"]),
+            "target_ids": tok.target.encode(batch["target"])}
+
+
+def encode_split(part, name: str, tokenizer_dir: Path, work_dir: Path, num_proc: int):
+    from datasets import disable_progress_bars, enable_progress_bars
+
+    large = len(part) >= PARALLEL_FROM
+    (enable_progress_bars if large else disable_progress_bars)()
+    return part.map(
+        encode_batch,
+        batched=True,
+        batch_size=ENCODE_BATCH,
+        num_proc=num_proc if large and num_proc > 1 else None,
+        fn_kwargs={"tokenizer_dir": str(tokenizer_dir)},
+        # Written to a scratch folder: by default datasets caches beside its input, which
+        # here is data/split, an output of the previous stage.
+        cache_file_name=str(work_dir / f"{name}.arrow"),
+        load_from_cache_file=False,
+        desc=f"tokenize: encoding {name}",
+    )
+
+
+def column_lengths(part, column: str) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    chunks = part.data.column(column).chunks
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([pc.list_value_length(c).to_numpy(zero_copy_only=False)
+                           for c in chunks]).astype(np.int64)
+
+
+def column_count(part, column: str, token_id: int) -> int:
+    import pyarrow.compute as pc
+
+    return sum(int(pc.sum(pc.equal(pc.list_flatten(c), token_id)).as_py() or 0)
+               for c in part.data.column(column).chunks)
+
+
+def length_stats(lengths: np.ndarray, prefix: str) -> dict[str, float]:
+    ordered = np.sort(lengths) if len(lengths) else np.zeros(1, dtype=np.int64)
     return {
-        f"{prefix}_len_mean": round(statistics.fmean(lengths), 2),
-        f"{prefix}_len_p95": lengths[int(0.95 * (len(lengths) - 1))],
-        f"{prefix}_len_max": lengths[-1],
+        f"{prefix}_len_mean": round(float(ordered.mean()), 2),
+        f"{prefix}_len_p95": int(ordered[int(0.95 * (len(ordered) - 1))]),
+        f"{prefix}_len_max": int(ordered[-1]),
     }
 
 
-def unk_rate(rows: list[list[int]]) -> float:
-    total = sum(len(r) for r in rows)
-    return sum(r.count(UNK) for r in rows) / max(total, 1)
+def unk_rate(part) -> float:
+    total = sum(int(column_lengths(part, c).sum()) for c in ("source_ids", "target_ids"))
+    unk = sum(column_count(part, c, UNK) for c in ("source_ids", "target_ids"))
+    return unk / max(total, 1)
 
 
 @app.command()
@@ -92,27 +181,28 @@ def main(
     pair = load_params(PairParams)
     cfg = load_params(TokenizeParams)
     require_file(split_dir, "split")
+    num_proc = cfg.num_proc or os.cpu_count() or 1
     params = {"pair": pair.model_dump(), "tokenize": cfg.model_dump()}
     with tracking.stage_run("tokenize", params, deps=[split_dir]) as run:
+        write_tokenizers(split_dir, pair, cfg, tokenizer_dir)
         splits = load_from_disk(str(split_dir))
-        write_tokenizers(splits["train"], pair, cfg, tokenizer_dir)
         tok = load_tokenizers(tokenizer_dir)
         stats: dict[str, float] = {
             "source_vocab": tok.source_vocab,
             "target_vocab": tok.target_vocab,
         }
-        encoded = {}
-        for name, part in splits.items():
-            src = tok.source.encode(list(part["source"]))
-            tgt = tok.target.encode(list(part["target"]))
-            encoded[name] = part.add_column("source_ids", src).add_column("target_ids", tgt)
-            stats[f"{name}_unk_rate"] = round(unk_rate(src + tgt), 6)
-            if name == "train":
-                stats.update(length_stats(src, "source"))
-                stats.update(length_stats(tgt, "target"))
-        with atomic_dir(out_dir) as tmp:
-            DatasetDict(encoded).save_to_disk(str(tmp))
-            (tmp / ENCODED_WITH).write_text(tokenizer_digest(tokenizer_dir) + "\n")
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".tokenize-", dir=out_dir.parent) as work:
+            encoded = {name: encode_split(part, name, tokenizer_dir, Path(work), num_proc)
+                       for name, part in splits.items()}
+            for name, part in encoded.items():
+                stats[f"{name}_unk_rate"] = round(unk_rate(part), 6)
+            stats.update(length_stats(column_lengths(encoded["train"], "source_ids"), "source"))
+            stats.update(length_stats(column_lengths(encoded["train"], "target_ids"), "target"))
+            disable_progress_bars()
+            with atomic_dir(out_dir) as tmp:
+                DatasetDict(encoded).save_to_disk(str(tmp))
+                (tmp / ENCODED_WITH).write_text(tokenizer_digest(tokenizer_dir) + "\n")
         write_json(metrics, stats)
         run.log_metrics(stats)
         run.log_artifacts(tokenizer_dir, "tokenizer")

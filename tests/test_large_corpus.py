@@ -1,0 +1,62 @@
+"""The paths a large corpus takes, on data small enough for CI: encoding in worker processes,
+token ids read from Arrow without per-sentence Python lists, the split left untouched."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from helpers import TINY_PARAMS, tokenize_toy
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory):
+    return tokenize_toy(tmp_path_factory.mktemp("large"), **TINY_PARAMS)
+
+
+def test_ragged_column_reads_every_chunk_and_slice():
+    from src.batching import ragged_column
+
+    rows = [[5, 6, 7], [], [8], [9, 10], [11, 12, 13, 14]]
+    whole = pa.array(rows, type=pa.list_(pa.int64()))
+    # a multi-shard dataset gives several chunks; a sliced chunk has offsets not starting at 0
+    column = pa.chunked_array([whole.slice(0, 2), whole.slice(2, 3)])
+    ragged = ragged_column(column)
+    assert ragged.tolist() == rows
+    assert ragged.lengths().tolist() == [3, 0, 1, 2, 4]
+    assert ragged_column(pa.chunked_array([], type=pa.list_(pa.int64()))).tolist() == []
+
+
+def test_load_encoded_gives_the_ids_tokenize_wrote(toy_root):
+    from datasets import load_from_disk
+
+    from src.batching import load_encoded
+
+    dataset = load_from_disk(str(toy_root / "data/tokenized"))
+    for split in ("train", "valid"):
+        sources, targets = load_encoded(toy_root / "data/tokenized", split)
+        assert sources.tolist() == dataset[split]["source_ids"]
+        assert targets.tolist() == dataset[split]["target_ids"]
+
+
+def test_encoding_in_worker_processes_equals_encoding_in_one(toy_root, tmp_path, monkeypatch):
+    from datasets import load_from_disk
+
+    from src import tokenize_corpus
+
+    split = load_from_disk(str(toy_root / "data/split"))["train"]
+    tokenizer = toy_root / "models/tokenizer"
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    serial = tokenize_corpus.encode_split(split, "train", tokenizer, tmp_path / "one", 1)
+    monkeypatch.setattr(tokenize_corpus, "PARALLEL_FROM", 0)
+    parallel = tokenize_corpus.encode_split(split, "train", tokenizer, tmp_path / "two", 2)
+    assert len(list((tmp_path / "two").glob("*.arrow"))) == 2  # really two workers
+    assert parallel.to_dict() == serial.to_dict()
+
+
+def test_tokenize_writes_nothing_into_the_split(toy_root):
+    """datasets caches map() results beside its input by default, which would change
+    data/split (an output of the split stage) behind DVC's back."""
+    files = sorted(p.name for p in (toy_root / "data/split").rglob("*"))
+    assert not [name for name in files if name.startswith("cache-")], files
+    assert not list((toy_root / "data").glob(".tokenize-*"))  # the scratch folder is gone
