@@ -83,8 +83,25 @@ class World:
             dist.barrier()
 
 
+def die_with_launcher() -> None:
+    """Ask Linux to SIGKILL this rank when its launcher dies. torchrun stops its ranks when it
+    is stopped politely, but after `kill -9` of the launcher (or of `dvc repro` above it) the
+    ranks would go on training as orphans and race the next run for the checkpoints."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    launcher = os.getppid()
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != launcher:  # it died before the request was in place
+        os._exit(LOST_PEER)
+
+
 def init_world() -> World:
     """Join the process group torchrun set up, or a world of one."""
+    if under_launcher():
+        die_with_launcher()
     size = int(os.environ.get("WORLD_SIZE", "1"))
     world = World(
         rank=int(os.environ.get("RANK", "0")),

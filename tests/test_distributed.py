@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -119,3 +121,32 @@ def test_resume_with_another_world_size_says_what_changes(tokenized_root, two_ra
     assert result.returncode == 0, result.stderr
     assert "resumed with 1 ranks where last.pt was written by 2" in result.stderr
     assert '"steps": 20' in (root / "models/train_metrics.json").read_text()
+
+
+def test_kill_9_of_the_launcher_ends_every_rank_and_resumes_bitwise(
+        tokenized_root, two_ranks, tmp_path):
+    """`kill -9` of `python -m src.train` (or of dvc above it) at a random moment: no rank
+    trains on as an orphan, and the next run ends where an uninterrupted one does."""
+    import psutil
+
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", "3"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = root / "models/checkpoints/last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline and launcher.poll() is None:
+        time.sleep(0.05)
+    ranks = psutil.Process(launcher.pid).children(recursive=True)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    assert last.exists(), "training never wrote a checkpoint"
+    assert len(ranks) >= 2
+    _, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive, f"orphaned ranks: {alive}"
+    resumed = train(root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    expected, got = weights(two_ranks[0]), weights(root)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
