@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
 
-from src import checkpoint, onnx_graph, paths  # noqa: E402
+from src import checkpoint, generation, paths  # noqa: E402
 from src.batching import clip_source, pad  # noqa: E402
 from src.search import beam_search, greedy_search, max_output_length  # noqa: E402
 
@@ -71,16 +71,10 @@ def torch_runner(model):
 
 
 def onnx_runner(path: Path, threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = generation.open_session(path, "cpu", threads)  # as src.infer opens it
 
     def run(src, beam, max_len):
-        return onnx_graph.run_search(session, src.numpy(), max_len, beam, 1.0)
+        return generation.run_search(session, src.numpy(), max_len, beam, 1.0)
     return run
 
 

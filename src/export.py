@@ -11,7 +11,8 @@ weights, quantized per subgraph) gets its own BLEU and speed.
 
 Writes models/model.onnx (a DVC out), models/model.int8.onnx (not a DVC out: DVC requires
 declared outs to exist, and this one is optional) and models/export_metrics.json. MLflow gets
-both files with the tokenizer under `model/`, registered as a new version of `nmt-<src>-<tgt>`.
+the text-in, text-out model of src/serving.py (both files and the tokenizer as artifacts),
+registered as a new version of `nmt-<src>-<tgt>` with the alias `candidate`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import onnx
 import torch
 import typer
 
-from src import checkpoint, onnx_graph, paths, tracking
+from src import checkpoint, generation, onnx_graph, paths, tracking
 from src.atomic import atomic_path, write_json
 from src.batching import clip_source, pad
 from src.errors import PipelineError, require_file, run_cli
@@ -43,7 +44,7 @@ SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
 def model_metadata(model, tok: Tokenizers, cfg: ExportParams, tokenizer_dir: Path) -> dict:
     """Everything `src.infer` needs beside the graph, stored as metadata_props."""
     return {
-        "format": onnx_graph.GRAPH_FORMAT,
+        "format": generation.GRAPH_FORMAT,
         "pad_id": PAD, "unk_id": UNK, "bos_id": BOS, "eos_id": EOS,
         "source_lang": tok.source_lang,
         "target_lang": tok.target_lang,
@@ -74,12 +75,8 @@ def source_batch(sources: list[list[int]], idx: list[int], model) -> torch.Tenso
 
 
 def open_session(path: Path):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    """On the CPU, whatever the machine has: the parity check compares with PyTorch on CPU."""
+    return generation.open_session(path, "cpu", os.cpu_count() or 1)
 
 
 def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
@@ -95,7 +92,7 @@ def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
                      cfg.beam_size),
         }
         for mode, (expected, beam) in runs.items():
-            got = onnx_graph.run_search(session, src.numpy(), max_len, beam, cfg.length_penalty)
+            got = generation.run_search(session, src.numpy(), max_len, beam, cfg.length_penalty)
             for i, want, have in zip(idx, expected, got):
                 same[mode] += want == have
                 if want != have and len(mismatches[mode]) < SHOWN_MISMATCHES:
@@ -113,7 +110,7 @@ def translate(session, sources: list[list[int]], model, cfg: ExportParams):
     for idx in length_batches(sources, cfg.batch_size):
         src = source_batch(sources, idx, model)
         max_len = max_output_length(src, cfg.max_length_ratio, model)
-        for i, hyp in zip(idx, onnx_graph.run_search(session, src.numpy(), max_len,
+        for i, hyp in zip(idx, generation.run_search(session, src.numpy(), max_len,
                                                      cfg.beam_size, cfg.length_penalty)):
             out[i] = hyp
     return out, time.perf_counter() - start
@@ -183,14 +180,15 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
 
 def log_run(run, result: dict, files: list[Path], tokenizer_dir: Path,
             tok: Tokenizers) -> str | None:
-    """Metrics, the model files with their tokenizer under `model/`, and a registry version."""
+    """Metrics, and the MLflow model (src/serving.py) as a new registered version."""
+    from src import serving
+
     run.log_metrics({k: v for k, v in result.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
     run.log_dict(result, "export_metrics.json")
-    for path in files:
-        run.log_artifact(path, "model")
-    run.log_artifacts(tokenizer_dir, "model/tokenizer")
-    return run.register_model("model", f"nmt-{tok.source_lang}-{tok.target_lang}")
+    name = f"nmt-{tok.source_lang}-{tok.target_lang}"
+    int8 = files[1] if len(files) > 1 else None
+    return run.log_model(lambda: serving.log_model(files[0], int8, tokenizer_dir, name))
 
 
 @app.command()
@@ -248,7 +246,7 @@ def _report(result: dict, version: str | None) -> None:
         line += (f"; model.int8.onnx {result['int8_size_mb']} MB, BLEU {result['int8_bleu']}, "
                  f"{result['int8_sentences_per_s']} sent/s")
     if version is not None:
-        line += f"; registered version {version}"
+        line += f"; registered version {version} (alias candidate)"
     print(line)
 
 

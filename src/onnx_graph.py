@@ -44,17 +44,15 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
+from src.generation import SEARCH_INPUTS
 from src.model import Transformer
 from src.subword import BOS, EOS, PAD, UNK
 
 BANNED = (PAD, BOS, UNK)
-GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract above changes
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 MS_DOMAIN = "com.microsoft"
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
 
-SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
-                 "length_penalty", "repetition_penalty"]
 
 
 def cross_names(n_layers: int, prefix: str) -> list[str]:
@@ -288,24 +286,3 @@ def tokenizer_metadata(tokenizer_dir: Path) -> dict[str, str]:
     """Fingerprints that `src.infer` compares with the tokenizer it finds beside the model."""
     return {"source_tokenizer_sha256": file_sha256(Path(tokenizer_dir) / "source.model"),
             "target_tokenizer_sha256": file_sha256(Path(tokenizer_dir) / "target.model")}
-
-
-def search_feeds(src: np.ndarray, max_new_tokens: int, beam: int,
-                 length_penalty: float) -> dict[str, np.ndarray]:
-    """Inputs of one `session.run`: src (B, S) ids with EOS, right-padded with PAD."""
-    return {
-        "input_ids": src.astype(np.int32),
-        "max_length": np.array([max_new_tokens + 1], np.int32),  # + the BOS start token
-        "min_length": np.array([0], np.int32),
-        "num_beams": np.array([beam], np.int32),
-        "num_return_sequences": np.array([1], np.int32),
-        "length_penalty": np.array([length_penalty], np.float32),
-        "repetition_penalty": np.array([1.0], np.float32),
-    }
-
-
-def run_search(session, src: np.ndarray, max_new_tokens: int, beam: int,
-               length_penalty: float) -> list[list[int]]:
-    """Token ids per row, BOS and padding removed (the graph never writes EOS)."""
-    sequences = session.run(None, search_feeds(src, max_new_tokens, beam, length_penalty))[0]
-    return [[int(t) for t in row[0, 1:] if t != PAD] for row in sequences]  # (B, 1, T) -> rows

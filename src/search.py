@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from src.batching import clip_source, pad
+from src.generation import max_new_tokens
 from src.model import Transformer
 from src.subword import BOS, EOS, PAD, UNK
 
@@ -19,8 +20,8 @@ BANNED = (PAD, BOS, UNK)
 
 
 def max_output_length(src: Tensor, ratio: float, model: Transformer) -> int:
-    longest = int((src != PAD).sum(1).max())
-    return min(int(ratio * longest) + 10, model.max_positions - 1)
+    """src.generation's rule for a batch of source rows (with EOS)."""
+    return max_new_tokens(int((src != PAD).sum(1).max()), ratio, model.max_positions - 1)
 
 
 def _log_probs(logits: Tensor) -> Tensor:

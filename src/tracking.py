@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ class NullRun:
     def log_table(self, data: dict[str, list], artifact_file: str) -> None: ...
     def log_dict(self, data: dict, artifact_file: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
-    def register_model(self, artifact_path: str, name: str) -> str | None: ...
+    def log_model(self, log: Callable[[], str]) -> str | None: ...
 
     @property
     def run_id(self) -> str | None:
@@ -146,17 +146,10 @@ class MlflowRun(NullRun):
         mlflow.set_tags(tags)
 
     @best_effort
-    def register_model(self, artifact_path: str, name: str) -> str:
-        """A new version of registered model `name` from a logged artifact directory."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self._client.create_registered_model(name)
-        except MlflowException as exc:  # it exists already: add a version
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-        source = f"{self._client.get_run(self._run_id).info.artifact_uri}/{artifact_path}"
-        return self._client.create_model_version(name, source, run_id=self._run_id).version
+    def log_model(self, log: Callable[[], str]) -> str:
+        """Run `log`, which logs a model into this (active) run and registers it; returns the
+        registered version."""
+        return log()
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:

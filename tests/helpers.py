@@ -37,13 +37,21 @@ def stage_module(stage: str) -> str:
     return stages[stage]["cmd"].split()[2] if stage in stages else f"src.{stage}"
 
 
+def clean_environ() -> dict[str, str]:
+    """This process's environment without MLflow's store URIs: `mlflow.set_tracking_uri` in
+    one test exports MLFLOW_TRACKING_URI, and a stage run by a later test would then log to
+    that test's store instead of its own project's mlflow.db."""
+    return {k: v for k, v in os.environ.items()
+            if k not in {"MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"}}
+
+
 def run_stage(
     root: Path, stage: str, *args: str, stdin: str | None = None, tracking: bool = False,
     stdin_bytes: bytes | None = None,
 ) -> subprocess.CompletedProcess:
     """`python -m src.<module>` of a stage with NMT_ROOT=root, as DVC runs it (code from this
     checkout)."""
-    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "on" if tracking else "off"}
+    env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "on" if tracking else "off"}
     if stdin_bytes is not None:  # raw bytes in; output decoded leniently for the asserts
         result = subprocess.run([sys.executable, "-m", stage_module(stage), *args], cwd=REPO,
                                 env=env, input=stdin_bytes, capture_output=True, timeout=600)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from helpers import REPO, assert_one_line_error, run_stage, scratch_root
 from toy_corpus import toy_pairs
 
-from src import checkpoint, onnx_graph
+from src import checkpoint, generation, onnx_graph
 from src.batching import clip_source, make_batch, pad
 from src.model import ModelConfig, Transformer
 from src.search import beam_search, greedy_search, max_output_length
@@ -69,7 +69,12 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, one_thread) -> Path:
-    """A scratch project root with tokenizer, model.pt and a test split, then `src.export`."""
+    return exported_project(tmp_path_factory.mktemp("export"))
+
+
+def exported_project(directory: Path, tracking: bool = False) -> Path:
+    """A scratch project root with tokenizer, model.pt and a test split, then `src.export`
+    (logged to the project's mlflow.db when `tracking`)."""
     import sentencepiece as spm
     from datasets import Dataset, DatasetDict
 
@@ -79,7 +84,7 @@ def project(tmp_path_factory, one_thread) -> Path:
     spm_bytes = train_spm([s for p in train for s in p], vocab_size=120, model_type="unigram",
                           character_coverage=1.0, byte_fallback=False, seed=0)
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
-    root = scratch_root(tmp_path_factory.mktemp("export"), export=EXPORT)
+    root = scratch_root(directory, export=EXPORT)
     write_tokenizer(root / "models" / "tokenizer", spm_bytes)
     model = train_tiny(sp, train)
     checkpoint.save(checkpoint.model_state(model), root / "models" / "model.pt")
@@ -89,7 +94,7 @@ def project(tmp_path_factory, one_thread) -> Path:
     DatasetDict({"test": Dataset.from_dict(columns)}).save_to_disk(str(root / "data/tokenized"))
     stamp = tokenizer_digest(root / "models/tokenizer")
     (root / "data/tokenized" / ENCODED_WITH).write_text(stamp)
-    result = run_stage(root, "export")
+    result = run_stage(root, "export", tracking=tracking)
     assert result.returncode == 0, result.stderr
     return root
 
@@ -143,11 +148,12 @@ def test_metadata_and_inputs_follow_the_contract(project):
     assert {k: meta[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")} == \
         {"pad_id": "0", "unk_id": "1", "bos_id": "2", "eos_id": "3"}
     assert (meta["source_lang"], meta["target_lang"]) == ("en", "zh")
-    assert meta["format"] == onnx_graph.GRAPH_FORMAT
+    assert meta["format"] == generation.GRAPH_FORMAT
+    assert set(generation.METADATA_KEYS) <= set(meta)  # all the readers' keys are written
     assert int(meta["max_source_tokens"]) == MAX_POSITIONS
     assert meta["source_tokenizer_sha256"] == onnx_graph.file_sha256(
         project / "models/tokenizer/source.model")
-    assert [i.name for i in sess.get_inputs()] == onnx_graph.SEARCH_INPUTS  # ORT-standard
+    assert [i.name for i in sess.get_inputs()] == generation.SEARCH_INPUTS  # ORT-standard
 
 
 def test_greedy_and_beam_match_pytorch_in_every_batch_shape(project):
@@ -163,9 +169,9 @@ def test_greedy_and_beam_match_pytorch_in_every_batch_shape(project):
         for start in range(0, 10 if size == 1 else len(rows), size):
             src = pad([clip_source(r, MAX_POSITIONS) for r in rows[start: start + size]])
             max_len = max_output_length(src, 2.0, model)
-            got = onnx_graph.run_search(sess, src.numpy(), max_len, 1, 1.0)
+            got = generation.run_search(sess, src.numpy(), max_len, 1, 1.0)
             assert got == greedy_search(model, src, max_len)  # token for token
-            got = onnx_graph.run_search(sess, src.numpy(), max_len, 3, 1.0)
+            got = generation.run_search(sess, src.numpy(), max_len, 3, 1.0)
             same_beam += sum(a == b for a, b in zip(got, beam_search(model, src, 3, max_len)))
             total += len(got)
     assert total == 10 + 2 * len(rows)
@@ -177,7 +183,7 @@ def test_max_length_cuts_output_like_pytorch(project):
     sess = session(project / "models/model.onnx")
     src = pad([[10, 11, 12, 3], [13, 3]])
     for max_len in (1, 3):
-        assert onnx_graph.run_search(sess, src.numpy(), max_len, 1, 1.0) == \
+        assert generation.run_search(sess, src.numpy(), max_len, 1, 1.0) == \
             greedy_search(model, src, max_len)
 
 
@@ -293,7 +299,7 @@ def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
     path = tmp_path / "rigged.onnx"
     onnx.save(onnx_graph.assemble(*onnx_graph.export_subgraphs(model, 18), {}), path)
     src = pad([[7, 8, 9, 3], [10, 3]])
-    got = onnx_graph.run_search(session(path), src.numpy(), 6, 1, 1.0)
+    got = generation.run_search(session(path), src.numpy(), 6, 1, 1.0)
     assert got == greedy_search(model, src, 6)
     assert all(tok not in (0, BOS, UNK) for row in got for tok in row) and got[0]
 

@@ -48,7 +48,7 @@ def sh(cwd: Path, *cmd: str, env: dict[str, str] | None = None) -> str:
     base = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"NMT_TRACKING", "NMT_ROOT", "MLFLOW_TRACKING_URI"}
+        if k not in {"NMT_TRACKING", "NMT_ROOT", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"}
     }
     result = subprocess.run(
         cmd, cwd=cwd, env={**base, **GIT_ENV, **(env or {})}, capture_output=True, text=True,
@@ -220,5 +220,17 @@ def test_repro_logs_every_stage_to_a_tracking_server(workspace, tmp_path):
         assert all(r.info.status == "FINISHED" for r in stages.values())
         assert "bleu" in stages["evaluate"].data.metrics
         assert client.get_metric_history(stages["train"].info.run_id, "train_loss")
-        exported = [a.path for a in client.list_artifacts(stages["export"].info.run_id, "model")]
-        assert "model/model.onnx" in exported
+        registry = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        candidate = registry.get_model_version_by_alias("nmt-en-zh", "candidate")
+        assert candidate.run_id == stages["export"].info.run_id
+        # `models:/` URIs resolve through the process-wide registry URI
+        before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        try:
+            model_dir = mlflow.artifacts.download_artifacts("models:/nmt-en-zh@candidate")
+        finally:
+            mlflow.set_tracking_uri(before[0])
+            mlflow.set_registry_uri(before[1])
+        assert (Path(model_dir) / "artifacts/model.onnx").read_bytes() == (
+            workspace / "models/model.onnx").read_bytes()

@@ -59,3 +59,37 @@ def mlflow_server(workdir: Path, start_timeout_s: float = 90):
     finally:
         stop()
         log.close()
+
+
+@contextmanager
+def model_server(model_uri: str, workdir: Path, env: dict[str, str],
+                 start_timeout_s: float = 120):
+    """`mlflow models serve` of `model_uri` on loopback; yields its base URL. Killed (with its
+    workers) on exit whatever happens."""
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri,
+           "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    log = (workdir / "serve.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **env})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("mlflow models serve did not start: "
+                                   + (workdir / "serve.log").read_text()[-2000:])
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()

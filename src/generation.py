@@ -1,0 +1,226 @@
+"""The generation contract of the exported model, in one place: numpy, onnxruntime and
+sentencepiece only (no torch), so `src.infer`, the MLflow model, the benchmarks and export's own
+checks all run the graph the same way.
+
+The graph (built by src/onnx_graph.py) takes the inputs in `SEARCH_INPUTS`: `input_ids` int32
+(B, S), source ids ending with EOS, right-padded with PAD; then `max_length` (the BOS start
+token + new tokens), `min_length`, `num_beams`, `num_return_sequences`, `length_penalty`,
+`repetition_penalty`. It returns `sequences` (B, 1, T): BOS, the tokens, PAD. Its
+metadata_props (`METADATA_KEYS`) carry the special ids, the limits, the export's default
+search settings and the tokenizer fingerprints; `format` is `GRAPH_FORMAT`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from src.errors import PipelineError
+
+GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
+SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
+                 "length_penalty", "repetition_penalty"]
+METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
+                 "max_output_tokens", "beam_size", "length_penalty", "max_length_ratio",
+                 "source_tokenizer_sha256", "target_tokenizer_sha256"]
+# 1 vs 2 threads on the 2-core dev machine (default model, 256/1024 test sentences, 3 runs each,
+# sent/s): greedy batch 1 a tie (169-183 vs 161-200); beam 4 batch 1 93-103 vs 100-132;
+# greedy batch 32 679-698 vs 657-909; beam 4 batch 32 216-270 vs 321-327. So 2.
+DEFAULT_THREADS = 2
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+MAX_BEAM = 128  # ONNX Runtime's BeamSearch refuses larger beams inside session.run
+
+
+def max_new_tokens(longest_source: int, ratio: float, limit: int) -> int:
+    """How many tokens a translation may have: `ratio` × the longest source row (ids with
+    EOS) + 10, never past the model's `limit`. Every decoder (PyTorch and ONNX) uses this."""
+    return min(int(ratio * longest_source) + 10, limit)
+
+
+def search_feeds(src: np.ndarray, new_tokens: int, beam: int,
+                 length_penalty: float) -> dict[str, np.ndarray]:
+    """Inputs of one `session.run`: src (B, S) ids with EOS, right-padded with PAD."""
+    return {
+        "input_ids": src.astype(np.int32),
+        "max_length": np.array([new_tokens + 1], np.int32),  # + the BOS start token
+        "min_length": np.array([0], np.int32),
+        "num_beams": np.array([beam], np.int32),
+        "num_return_sequences": np.array([1], np.int32),
+        "length_penalty": np.array([length_penalty], np.float32),
+        "repetition_penalty": np.array([1.0], np.float32),
+    }
+
+
+def parse_sequences(sequences: np.ndarray, pad: int) -> list[list[int]]:
+    """(B, 1, T) output -> token ids per row, without the BOS and the padding (the graph
+    never writes EOS)."""
+    return [[int(t) for t in row[0, 1:] if t != pad] for row in sequences]
+
+
+def run_search(session, src: np.ndarray, new_tokens: int, beam: int, length_penalty: float,
+               pad: int = 0) -> list[list[int]]:
+    sequences = session.run(None, search_feeds(src, new_tokens, beam, length_penalty))[0]
+    return parse_sequences(sequences, pad)
+
+
+def pad_rows(rows: list[list[int]], pad: int) -> np.ndarray:
+    src = np.full((len(rows), max(len(r) for r in rows)), pad, dtype=np.int32)
+    for i, row in enumerate(rows):
+        src[i, : len(row)] = row
+    return src
+
+
+# -- sessions and providers --------------------------------------------------------------------
+def gpu_present() -> bool:
+    """A CUDA device node exists (Linux); elsewhere let the session tell."""
+    if sys.platform != "linux":
+        return True
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def providers_for(choice: str) -> list[str]:
+    """The providers to ask for. `auto` asks for CUDA only where it can work: with
+    onnxruntime-gpu and no GPU, asking logs loud errors before falling back to the CPU."""
+    import onnxruntime as ort
+
+    if choice not in {"auto", "cuda", "cpu"}:
+        raise PipelineError(f"provider must be auto, cuda or cpu, not {choice!r}")
+    cuda_ok = CUDA in ort.get_available_providers() and gpu_present()
+    if choice == "cuda" and not cuda_ok:
+        why = "this onnxruntime has no CUDA provider" if CUDA not in \
+            ort.get_available_providers() else "no NVIDIA GPU found"
+        raise PipelineError(f"provider cuda is not available: {why} (use cpu)")
+    return [CUDA, CPU] if cuda_ok and choice in {"auto", "cuda"} else [CPU]
+
+
+def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_THREADS):
+    import onnxruntime as ort
+
+    model_path = Path(model_path)
+    if not model_path.is_file():
+        raise PipelineError(f"model not found: {model_path} (run `dvc repro export`)")
+    wanted = providers_for(choice)
+    # Where CUDA cannot start, ORT logs errors before falling back; we say it in one line.
+    severity = 4 if CUDA in wanted else 3
+    ort.set_default_logger_severity(severity)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = severity
+    try:
+        session = ort.InferenceSession(str(model_path), options, providers=wanted)
+    except Exception as exc:  # onnxruntime raises its own types for bad protobufs and graphs
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PipelineError(f"cannot load model {model_path}: {first}") from None
+    if choice == "cuda" and session.get_providers()[0] != CUDA:
+        raise PipelineError("provider cuda: ONNX Runtime could not start CUDA "
+                            "(check the CUDA/cuDNN libraries; use cpu)")
+    return session
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# -- text in, text out -------------------------------------------------------------------------
+def warn_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+@dataclass
+class Translator:
+    """An ONNX generation session, its metadata and the two SentencePiece models."""
+
+    session: object
+    meta: dict[str, str]
+    source: object  # sentencepiece.SentencePieceProcessor
+    target: object
+    warn: Callable[[str], None] = field(default=warn_stderr)
+
+    @property
+    def eos(self) -> int:
+        return int(self.meta["eos_id"])
+
+    @property
+    def pad(self) -> int:
+        return int(self.meta["pad_id"])
+
+    @property
+    def default_beam(self) -> int:
+        return int(self.meta["beam_size"])
+
+    @property
+    def provider(self) -> str:
+        return self.session.get_providers()[0]
+
+    def encode(self, text: str, line_no: int) -> list[int]:
+        """Source ids + EOS, cut to the model's limit (with a warning)."""
+        ids = self.source.encode(text)
+        limit = int(self.meta["max_source_tokens"]) - 1  # room for the EOS
+        if len(ids) > limit:
+            self.warn(f"line {line_no}: {len(ids)} tokens, truncated to the model's limit "
+                      f"of {limit}")
+            ids = ids[:limit]
+        return ids + [self.eos]
+
+    def new_tokens(self, longest_source: int, max_length: int | None) -> int:
+        """`max_new_tokens` with the export's ratio, or `max_length`; never past the model."""
+        limit = int(self.meta["max_output_tokens"])
+        if max_length:
+            return min(max_length, limit)
+        return max_new_tokens(longest_source, float(self.meta["max_length_ratio"]), limit)
+
+    def run(self, rows: list[list[int]], beam: int, max_length: int | None) -> list[str]:
+        """Translate a batch of id rows; returns one string per row."""
+        src = pad_rows(rows, self.pad)
+        hyps = run_search(self.session, src, self.new_tokens(src.shape[1], max_length), beam,
+                          float(self.meta["length_penalty"]), self.pad)
+        return [self.target.decode([t for t in ids if t > self.eos]) for ids in hyps]
+
+    def translate(self, lines: list[str], beam: int | None = None,
+                  max_length: int | None = None, batch_size: int = 32,
+                  first_line_no: int = 1) -> list[str]:
+        """One output per input line, in order; blank lines stay blank. Lines are sorted by
+        length into batches (little padding), and the order is restored."""
+        beam = beam or self.default_beam
+        out = [""] * len(lines)
+        encoded = {i: self.encode(line, first_line_no + i)
+                   for i, line in enumerate(lines) if line.strip()}
+        order = sorted(encoded, key=lambda i: len(encoded[i]))
+        for start in range(0, len(order), batch_size):
+            idx = order[start: start + batch_size]
+            for i, text in zip(idx, self.run([encoded[i] for i in idx], beam, max_length)):
+                out[i] = text
+        return out
+
+
+def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provider: str = "auto",
+                    threads: int = DEFAULT_THREADS,
+                    warn: Callable[[str], None] = warn_stderr) -> Translator:
+    """The model file, and the tokenizer beside it (`tokenizer/`) or in `tokenizer_dir`,
+    checked against the fingerprints recorded at export."""
+    import sentencepiece as spm
+
+    model_path = Path(model_path)
+    session = open_session(model_path, provider, threads)
+    meta = session.get_modelmeta().custom_metadata_map
+    if meta.get("format") != GRAPH_FORMAT:
+        raise PipelineError(f"{model_path} is not a translation model written by src.export "
+                            f"(metadata format {meta.get('format')!r}, expected {GRAPH_FORMAT})")
+    tokenizer_dir = Path(tokenizer_dir or model_path.parent / "tokenizer")
+    processors = []
+    for side in ("source", "target"):
+        path = tokenizer_dir / f"{side}.model"
+        if not path.is_file():
+            raise PipelineError(f"tokenizer not found: {path} (pass --tokenizer DIR)")
+        if sha256(path) != meta.get(f"{side}_tokenizer_sha256"):
+            raise PipelineError(f"tokenizer {path} does not match the model (its sha256 differs "
+                                f"from the one recorded at export): use the tokenizer exported "
+                                f"with {model_path.name}")
+        processors.append(spm.SentencePieceProcessor(model_file=str(path)))
+    return Translator(session, meta, *processors, warn=warn)

@@ -1,0 +1,136 @@
+"""The MLflow model: a pyfunc that takes sentences and returns translations, running the
+exported ONNX graph through src/generation.py (no torch at serving time).
+
+    model = mlflow.pyfunc.load_model("models:/nmt-en-zh@candidate")
+    model.predict(["How are you?"], params={"beam": 4})
+    mlflow models serve -m models:/nmt-en-zh@candidate --env-manager local
+
+`export` logs it with model.onnx, model.int8.onnx and the SentencePiece models as artifacts, a
+list[str] -> list[str] signature (from predict's type hints) whose params are `beam` and
+`max_length` (0: the export's defaults), and requirements without torch; it registers a new
+version of `nmt-<src>-<tgt>` and points the alias `candidate` at it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+
+from src.generation import DEFAULT_THREADS, MAX_BEAM, load_translator
+
+CANDIDATE = "candidate"
+MAX_CHARS = 5_000  # per sentence: the model reads at most a few hundred tokens of it anyway
+MAX_SENTENCES = 10_000  # per request; larger batches belong in spark_udf or a loop
+EXAMPLE = ["How are you?"]
+
+
+def bad_request(message: str):
+    """An error `mlflow models serve` answers with HTTP 400 and this message."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+def as_sentences(model_input) -> list[str]:
+    """A list, a pandas Series or the first column of a DataFrame, as a list of strings."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(model_input, pd.DataFrame):
+        if model_input.shape[1] != 1:
+            raise bad_request(f"expected one column of sentences, got {model_input.shape[1]}")
+        model_input = model_input.iloc[:, 0]
+    if isinstance(model_input, (pd.Series, np.ndarray)):
+        model_input = model_input.tolist()
+    if isinstance(model_input, str):
+        model_input = [model_input]
+    if not isinstance(model_input, list):
+        raise bad_request(f"expected a list of sentences, got {type(model_input).__name__}")
+    if not model_input:
+        raise bad_request("no sentences to translate: send a non-empty list of strings")
+    if len(model_input) > MAX_SENTENCES:
+        raise bad_request(f"{len(model_input):,} sentences in one request; the limit is "
+                          f"{MAX_SENTENCES:,}")
+    for i, sentence in enumerate(model_input):
+        if not isinstance(sentence, str):
+            raise bad_request(f"input {i} is a {type(sentence).__name__}, not a string")
+        if len(sentence) > MAX_CHARS:
+            raise bad_request(f"input {i} has {len(sentence):,} characters; the limit is "
+                              f"{MAX_CHARS:,} (split long text into sentences)")
+    return model_input
+
+
+def search_params(params: dict | None) -> tuple[int | None, int | None]:
+    """`beam` and `max_length` from the request (0 or absent: the export's defaults)."""
+    params = params or {}
+    values = {}
+    for name, top in (("beam", MAX_BEAM), ("max_length", 1_000)):
+        value = params.get(name) or 0
+        if not isinstance(value, int) or not 0 <= value <= top:
+            raise bad_request(f"param {name} must be a whole number from 0 to {top}, "
+                              f"not {value!r}")
+        values[name] = value or None
+    return values["beam"], values["max_length"]
+
+
+class TranslationModel(mlflow.pyfunc.PythonModel):
+    """Sentences in, translations out (one per input, in order)."""
+
+    def load_context(self, context) -> None:
+        import logging
+
+        log = logging.getLogger("nmt.serving")
+        self.translator = load_translator(
+            Path(context.artifacts["model"]), Path(context.artifacts["tokenizer"]),
+            provider="auto", threads=DEFAULT_THREADS, warn=log.warning)
+        log.info("nmt: %s", self.translator.provider)
+
+    # The type hints are the signature: MLflow checks requests against them strictly (a number
+    # or a null is a 400, not the string "42"), where a column schema would convert them.
+    def predict(self, context, model_input: list[str], params: dict[str, Any] | None = None
+                ) -> list[str]:
+        sentences = as_sentences(model_input)
+        beam, max_length = search_params(params)
+        return self.translator.translate(sentences, beam, max_length, batch_size=32)
+
+
+def requirements() -> list[str]:
+    """What the model needs to run: the installed ONNX Runtime build, sentencepiece, numpy,
+    pandas; never torch."""
+    pins = []
+    for name in ("onnxruntime-gpu", "onnxruntime", "sentencepiece", "numpy", "pandas"):
+        try:
+            pins.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    if pins[0].startswith("onnxruntime-gpu") and pins[1].startswith("onnxruntime=="):
+        pins.pop(1)  # the GPU build provides the module; both would conflict
+    return pins
+
+
+def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
+              registered_name: str) -> str:
+    """Log the pyfunc into the active run, register it, point `candidate` at the new version;
+    returns the version."""
+    from mlflow import MlflowClient
+
+    artifacts = {"model": str(onnx_path), "tokenizer": str(tokenizer_dir)}
+    if int8_path is not None and int8_path.exists():
+        artifacts["model_int8"] = str(int8_path)
+    info = mlflow.pyfunc.log_model(
+        name="translator",
+        python_model=str(Path(__file__).with_name("mlflow_model.py")),
+        artifacts=artifacts,
+        # (input, params): the signature's params `beam` and `max_length`, 0 = the defaults
+        input_example=(EXAMPLE, {"beam": 0, "max_length": 0}),
+        pip_requirements=requirements(),
+        code_paths=[str(Path(__file__).resolve().parent)],  # the `src` package
+        registered_model_name=registered_name,
+    )
+    version = str(info.registered_model_version)
+    MlflowClient().set_registered_model_alias(registered_name, CANDIDATE, version)
+    return version

@@ -1,0 +1,127 @@
+"""The registered MLflow model: text in, text out, equal to `src.infer`, loadable with
+mlflow.pyfunc and served by `mlflow models serve`, refusing bad requests with a 4xx."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from helpers import run_stage
+from test_export import exported_project
+
+pytestmark = pytest.mark.slow
+SENTENCES = ["I have two cats.", "She likes three dogs.", "They see one bird."]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return exported_project(tmp_path_factory.mktemp("serving"), tracking=True)
+
+
+@pytest.fixture(scope="module")
+def tracking(project):
+    """This project's store for MLflow calls in this process (other tests set their own)."""
+    import mlflow
+
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(before[0])
+    mlflow.set_registry_uri(before[1])
+
+
+@pytest.fixture(scope="module")
+def cli_translations(project):
+    result = run_stage(project, "infer", "--onnx", str(project / "models/model.onnx"),
+                       stdin="".join(s + "\n" for s in SENTENCES))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_export_registers_a_candidate_without_torch(tracking):
+    import mlflow.pyfunc
+    from mlflow import MlflowClient
+
+    version = MlflowClient().get_model_version_by_alias("nmt-en-zh", "candidate")
+    assert str(version.version) == "1"
+    requirements = open(mlflow.pyfunc.get_model_dependencies("models:/nmt-en-zh@candidate")).read()
+    assert "onnxruntime" in requirements and "sentencepiece" in requirements
+    assert "torch" not in requirements
+
+
+def test_pyfunc_translates_a_list_and_a_dataframe_like_src_infer(tracking, cli_translations):
+    import mlflow.pyfunc
+    import pandas as pd
+
+    model = mlflow.pyfunc.load_model("models:/nmt-en-zh@candidate")
+    assert model.predict(SENTENCES) == cli_translations
+    frame = pd.DataFrame({"text": SENTENCES})
+    assert list(model.predict(frame)) == cli_translations
+    greedy = model.predict(SENTENCES, params={"beam": 1})
+    assert len(greedy) == len(SENTENCES)
+
+
+def post(url: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(f"{url}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
+        project, tracking, cli_translations, tmp_path):
+    from tracking_server import model_server
+
+    with model_server("models:/nmt-en-zh@candidate", tmp_path,
+                      {"MLFLOW_TRACKING_URI": tracking}) as url:
+        status, body = post(url, json.dumps({"inputs": SENTENCES}).encode())
+        assert status == 200, body
+        assert json.loads(body)["predictions"] == cli_translations
+        bad = {
+            "empty list": json.dumps({"inputs": []}).encode(),
+            "a number": json.dumps({"inputs": [42]}).encode(),
+            "20k characters": json.dumps({"inputs": ["word " * 4000]}).encode(),
+            "invalid JSON": b'{"inputs": ["How are',
+        }
+        for what, request in bad.items():
+            status, body = post(url, request)
+            assert 400 <= status < 500, (what, status, body)
+            assert json.loads(body)["message"], (what, body)
+        # still serving
+        status, body = post(url, json.dumps({"inputs": SENTENCES[:1]}).encode())
+        assert status == 200 and json.loads(body)["predictions"] == cli_translations[:1]
+
+
+def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):
+    from mlflow import MlflowClient
+
+    env_root = project
+    first = run_stage(env_root, "promote", "--dry-run", tracking=True)
+    assert first.returncode == 0 and "would promote version 1" in first.stdout, first.stderr
+    promoted = run_stage(env_root, "promote", tracking=True)
+    assert "version 1" in promoted.stdout and "is the champion" in promoted.stdout
+    client = MlflowClient()
+    assert str(client.get_model_version_by_alias("nmt-en-zh", "champion").version) == "1"
+    again = run_stage(env_root, "promote", tracking=True)
+    assert "already the champion" in again.stdout
+    # a worse candidate (the same files, registered from a run that scored lower) is not promoted
+    import mlflow
+
+    with mlflow.start_run() as worse_run:
+        mlflow.log_metric("fp32_bleu", 1.0)
+    first_version = client.get_model_version("nmt-en-zh", "1")
+    worse = client.create_model_version("nmt-en-zh", first_version.source,
+                                        run_id=worse_run.info.run_id)
+    client.set_registered_model_alias("nmt-en-zh", "candidate", worse.version)
+    kept = run_stage(env_root, "promote", tracking=True)
+    assert "kept champion version 1" in kept.stdout, kept.stdout + kept.stderr
+    assert str(client.get_model_version_by_alias("nmt-en-zh", "champion").version) == "1"
+    missing = run_stage(env_root, "promote", "--name", "nmt-xx-yy", tracking=True)
+    assert missing.returncode == 1 and "no version of nmt-xx-yy" in missing.stderr
