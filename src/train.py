@@ -433,8 +433,9 @@ def train(
             f"{cfg.accumulation_steps} per step: lower train.max_tokens or the world size")
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
-    store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg),
-                        data_digest(data_dir, tokenizer_dir))
+    # hashed once (it reads every byte of the data), then shared with the other ranks
+    digest = world.from_main(data_digest(data_dir, tokenizer_dir) if world.is_main else None)
+    store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg), digest)
     trainer = Trainer(model, cfg, device, total_steps, store, threads, world)
     trainer.try_resume()
     score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang)

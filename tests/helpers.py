@@ -130,3 +130,15 @@ def fresh_copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("models"))
     shutil.copytree(src / "models/tokenizer", dst / "models/tokenizer")
     return dst
+
+
+def train_with_failpoint(root: Path, failpoint: str = "", every: int = 1
+                         ) -> subprocess.CompletedProcess:
+    """`python -m src.train` in `root`, killed at `failpoint` (src/failpoints.py) if given,
+    saving last.pt every `every` steps."""
+    env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off",
+           "NMT_FAILPOINT": failpoint}
+    return subprocess.run(
+        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", str(every)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from helpers import REPO, TINY_PARAMS, fresh_copy, tokenize_toy
+from helpers import REPO, TINY_PARAMS, fresh_copy, tokenize_toy, train_with_failpoint
 
 pytestmark = pytest.mark.slow
 STEPS = 20
@@ -48,12 +48,7 @@ def set_params(root, **train):
 
 
 def train(root, failpoint: str = "", every: int = 500) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off",
-           "NMT_FAILPOINT": failpoint}
-    return subprocess.run(
-        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", str(every)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )
+    return train_with_failpoint(root, failpoint, every)
 
 
 def losses(root) -> list[float]:

@@ -19,6 +19,7 @@ from helpers import (
     fresh_copy,
     run_stage,
     tokenize_toy,
+    train_with_failpoint,
 )
 
 pytestmark = pytest.mark.slow
@@ -43,12 +44,7 @@ def tokenized_root(tmp_path_factory):
 
 
 def train(root, failpoint: str = "", every: int = 1) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off",
-           "NMT_FAILPOINT": failpoint}
-    return subprocess.run(
-        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", str(every)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )
+    return train_with_failpoint(root, failpoint, every)
 
 
 def weights(root):

@@ -1,5 +1,5 @@
-"""A real `mlflow server` on loopback for tests: sqlite backend, artifacts served from a temp
-directory, bounded start-up wait and lifetime."""
+"""Real MLflow servers on loopback for tests: `mlflow server` (sqlite backend, artifacts in a
+temp directory) and `mlflow models serve`, each with a bounded start-up wait and lifetime."""
 
 from __future__ import annotations
 
@@ -18,6 +18,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_until_up(health_url: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
+    """Until `health_url` answers 200; fails with the end of the server's log if the server
+    exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(health_url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{health_url} did not come up: {log.read_text()[-2000:]}")
+        time.sleep(0.5)
 
 
 @contextmanager
@@ -44,17 +60,7 @@ def mlflow_server(workdir: Path, start_timeout_s: float = 90):
 
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {workdir / 'server.log'}")
-            time.sleep(0.5)
+        wait_until_up(f"{uri}/health", proc, start_timeout_s, workdir / "server.log")
         yield uri, stop
     finally:
         stop()
@@ -75,18 +81,7 @@ def model_server(model_uri: str, workdir: Path, env: dict[str, str],
                             env={**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("mlflow models serve did not start: "
-                                   + (workdir / "serve.log").read_text()[-2000:])
-            time.sleep(0.5)
+        wait_until_up(f"{url}/ping", proc, start_timeout_s, workdir / "serve.log")
         yield url
     finally:
         if proc.poll() is None:
