@@ -4,11 +4,13 @@ mlflow.pyfunc and served by `mlflow models serve`, refusing bad requests with a 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
 import pytest
-from helpers import run_stage
+from helpers import REPO, run_stage
 from test_export import exported_project
 
 pytestmark = pytest.mark.slow
@@ -97,6 +99,19 @@ def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
         # still serving
         status, body = post(url, json.dumps({"inputs": SENTENCES[:1]}).encode())
         assert status == 200 and json.loads(body)["predictions"] == cli_translations[:1]
+        # the load test, tiny: every request answered, a row per batch size and client count
+        rows = tmp_path / "load.json"
+        result = subprocess.run(
+            [sys.executable, "scripts/load_test.py", "--url", url, "--requests", "8",
+             "--clients", "1,4", "--batches", "1,4", "--onnx",
+             str(project / "models/model.onnx"), "--json", str(rows)],
+            cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        table = json.loads(rows.read_text())["rows"]
+        assert [(r["via"], r["batch"], r["clients"]) for r in table] == [
+            ("src.infer", 1, 1), ("http", 1, 1), ("http", 1, 4),
+            ("src.infer", 4, 1), ("http", 4, 1), ("http", 4, 4)]
+        assert all(r["errors"] == 0 and r["sentences_per_s"] > 0 for r in table)
 
 
 def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):

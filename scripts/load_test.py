@@ -1,0 +1,123 @@
+"""Load test of a served translation model, beside src.infer's own throughput.
+
+    mlflow models serve -m models:/nmt-en-zh@candidate --env-manager local --port 5001 &
+    python scripts/load_test.py --url http://127.0.0.1:5001 --sentences test.en \
+        --onnx models/model.onnx --json docs/benchmarks/serving.json
+
+For every batch size (sentences per request) and number of concurrent clients it sends
+`--requests` requests to `/invocations` and prints p50/p95/p99 latency, sentences per second
+and errors (any non-200 answer or failed connection). With --onnx it also times `src.infer`'s
+translator on the same sentences in this process, so the table shows what HTTP costs. Bounded:
+every request has a timeout, and the run stops after the requests it was given. Run it on an
+idle machine; the server and this script share its cores.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+FALLBACK = ["How are you?", "I like cats.", "Where is the station?", "It is raining today.",
+            "She bought three books yesterday.", "We will meet after work."]
+
+
+def post(url: str, sentences: list[str], timeout: float) -> tuple[bool, float]:
+    """(answered 200 with one translation per sentence, seconds)."""
+    body = json.dumps({"inputs": sentences}).encode()
+    request = urllib.request.Request(f"{url}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            ok = resp.status == 200 and len(json.load(resp)["predictions"]) == len(sentences)
+    except (OSError, ValueError, KeyError):
+        ok = False
+    return ok, time.perf_counter() - start
+
+
+def summary(latencies: list[float], sentences: int, seconds: float, errors: int) -> dict:
+    ms = np.percentile(np.array(latencies) * 1000, [50, 95, 99]) if latencies else [0, 0, 0]
+    return {"p50_ms": round(float(ms[0]), 1), "p95_ms": round(float(ms[1]), 1),
+            "p99_ms": round(float(ms[2]), 1),
+            "sentences_per_s": round(sentences / max(seconds, 1e-9), 1), "errors": errors}
+
+
+def load(url: str, pool: list[str], batch: int, clients: int, requests: int,
+         timeout: float) -> dict:
+    bodies = [[pool[(i * batch + j) % len(pool)] for j in range(batch)] for i in range(requests)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as executor:
+        results = list(executor.map(lambda b: post(url, b, timeout), bodies))
+    seconds = time.perf_counter() - start
+    return summary([t for _, t in results], batch * requests, seconds,
+                   sum(not ok for ok, _ in results))
+
+
+def in_process(onnx: Path, pool: list[str], batch: int, requests: int, threads: int) -> dict:
+    """src.infer's translator on the same requests, one after another, no HTTP."""
+    from src.generation import load_translator
+
+    translator = load_translator(onnx, threads=threads, warn=lambda _: None)
+    latencies = []
+    start = time.perf_counter()
+    for i in range(requests):
+        sentences = [pool[(i * batch + j) % len(pool)] for j in range(batch)]
+        began = time.perf_counter()
+        translator.translate(sentences, batch_size=32)
+        latencies.append(time.perf_counter() - began)
+    return summary(latencies, batch * requests, time.perf_counter() - start, 0)
+
+
+@app.command()
+def main(
+    url: str = typer.Option(..., help="Base URL of `mlflow models serve`."),
+    sentences: Path = typer.Option(None, help="Source sentences, one per line."),
+    requests: int = typer.Option(1000, min=1, help="Requests per row."),
+    clients: str = typer.Option("1,4,16", help="Concurrent clients, comma-separated."),
+    batches: str = typer.Option("1,32", help="Sentences per request, comma-separated."),
+    timeout: float = typer.Option(120, min=1, help="Seconds before a request counts as lost."),
+    onnx: Path = typer.Option(None, help="Also time src.infer's translator on this model."),
+    threads: int = typer.Option(2, min=1, help="ONNX Runtime threads of the --onnx row."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
+) -> None:
+    """Print p50/p95/p99 latency, sentences/s and errors per batch size and client count."""
+    pool = (sentences.read_text(encoding="utf-8").splitlines() if sentences else FALLBACK)
+    pool = [s for s in pool if s.strip()] or FALLBACK
+    rows = []
+    header = f"{'via':<9} {'batch':>5} {'clients':>7} {'p50 ms':>8} {'p95 ms':>8} " \
+             f"{'p99 ms':>8} {'sent/s':>8} {'errors':>6}"
+    print(header)
+    for batch in (int(b) for b in batches.split(",")):
+        plans = [("http", c) for c in (int(c) for c in clients.split(","))]
+        if onnx is not None:
+            plans.insert(0, ("src.infer", 1))
+        for via, n_clients in plans:
+            row = (in_process(onnx, pool, batch, requests, threads) if via == "src.infer"
+                   else load(url.rstrip("/"), pool, batch, n_clients, requests, timeout))
+            row = {"via": via, "batch": batch, "clients": n_clients, "requests": requests} | row
+            rows.append(row)
+            print(f"{via:<9} {batch:>5} {n_clients:>7} {row['p50_ms']:>8} {row['p95_ms']:>8} "
+                  f"{row['p99_ms']:>8} {row['sentences_per_s']:>8} {row['errors']:>6}",
+                  flush=True)
+    if json_out:
+        json_out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows},
+                                       indent=2) + "\n")
+    if any(r["errors"] for r in rows):
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    from src.errors import run_cli
+
+    run_cli(app)
