@@ -269,8 +269,14 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path]):
     logging.getLogger("alembic").setLevel(logging.WARNING)
     for key, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    local_store = not os.environ.get("MLFLOW_TRACKING_URI")  # set_tracking_uri exports it
     mlflow.set_tracking_uri(tracking_uri())
     client = MlflowClient()
+    if local_store and mlflow.get_experiment_by_name(EXPERIMENT) is None:
+        # The local store's artifacts belong beside its mlflow.db; MLflow's default is
+        # ./mlruns under whatever directory the first stage happened to run from.
+        mlflow.create_experiment(EXPERIMENT,
+                                 artifact_location=(paths.ROOT / "mlruns").resolve().as_uri())
     experiment = mlflow.set_experiment(EXPERIMENT)
     group = repro_id()
     commit = git_commit()

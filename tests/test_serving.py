@@ -44,6 +44,16 @@ def cli_translations(project):
     return result.stdout.splitlines()
 
 
+def test_artifacts_stay_in_the_project_whatever_the_working_directory(project, tracking):
+    """Stages run here from the checkout, not the project: the artifacts still land in the
+    project's mlruns/, beside its mlflow.db."""
+    from mlflow import MlflowClient
+
+    location = MlflowClient().get_experiment_by_name("nmt").artifact_location
+    assert location == (project / "mlruns").resolve().as_uri()
+    assert list((project / "mlruns").rglob("model.onnx"))
+
+
 def test_export_registers_a_candidate_without_torch(tracking):
     import mlflow.pyfunc
     from mlflow import MlflowClient
