@@ -53,7 +53,7 @@ def model_metadata(model, tok: Tokenizers, cfg: ExportParams, tokenizer_dir: Pat
         "max_output_tokens": model.max_positions - 1,
         "max_length_ratio": cfg.max_length_ratio,
         "beam_size": cfg.beam_size, "length_penalty": cfg.length_penalty,
-        **onnx_graph.tokenizer_metadata(tokenizer_dir),
+        **generation.tokenizer_metadata(tokenizer_dir),
     }
 
 

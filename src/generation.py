@@ -127,6 +127,16 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def tokenizer_fingerprint(tokenizer_dir: Path, side: str) -> str:
+    """What export records as `<side>_tokenizer_sha256` and `load_translator` checks."""
+    return sha256(Path(tokenizer_dir) / f"{side}.model")
+
+
+def tokenizer_metadata(tokenizer_dir: Path) -> dict[str, str]:
+    return {f"{side}_tokenizer_sha256": tokenizer_fingerprint(tokenizer_dir, side)
+            for side in ("source", "target")}
+
+
 # -- text in, text out -------------------------------------------------------------------------
 def warn_stderr(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
@@ -218,7 +228,7 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provide
         path = tokenizer_dir / f"{side}.model"
         if not path.is_file():
             raise PipelineError(f"tokenizer not found: {path} (pass --tokenizer DIR)")
-        if sha256(path) != meta.get(f"{side}_tokenizer_sha256"):
+        if tokenizer_fingerprint(tokenizer_dir, side) != meta.get(f"{side}_tokenizer_sha256"):
             raise PipelineError(f"tokenizer {path} does not match the model (its sha256 differs "
                                 f"from the one recorded at export): use the tokenizer exported "
                                 f"with {model_path.name}")

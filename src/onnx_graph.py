@@ -276,13 +276,3 @@ def build(model: Transformer, metadata: dict[str, str], opset: int,
                     quantize_subgraph(decoder, int8_work_dir),
                     {**metadata, "weights": "int8"})
     return fp32, int8
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def tokenizer_metadata(tokenizer_dir: Path) -> dict[str, str]:
-    """Fingerprints that `src.infer` compares with the tokenizer it finds beside the model."""
-    return {"source_tokenizer_sha256": file_sha256(Path(tokenizer_dir) / "source.model"),
-            "target_tokenizer_sha256": file_sha256(Path(tokenizer_dir) / "target.model")}
