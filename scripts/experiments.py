@@ -4,8 +4,8 @@ Each row is one `dvc exp run -n <name> -S key=value ...` on top of the workspace
 every row is also an MLflow run and appears in `dvc exp show`. `dvc exp run -S` writes its
 overrides into params.yaml and leaves them there; this script puts back the exact bytes the
 file had before each row (also when a row fails or is interrupted), so neither a row's overrides
-nor a user's uncommitted edits are lost. After a row finishes, its
-metrics files are appended to a JSON-lines results file; a row already there is skipped, so a
+nor a user's uncommitted edits are lost. After a row finishes, its scores and run summary (the
+stats files) are appended to a JSON-lines results file; a row already there is skipped, so a
 killed sweep resumes.
 
     python scripts/experiments.py --list
@@ -87,8 +87,8 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = ROOT) 
         subprocess.run(cmd, cwd=root, check=True)
     finally:
         params.write_bytes(before)
-    evaluated = read_json(root / "data/eval/metrics.json")
-    trained = read_json(root / "models/train_metrics.json")
+    evaluated = read_json(root / "data/eval/stats.json")
+    trained = read_json(root / "models/train_stats.json")
     row = {
         "name": name,
         "what": what,

@@ -1,10 +1,12 @@
-"""evaluate: models/model.pt + test split -> data/eval/metrics.json and translations.tsv.
+"""evaluate: models/model.pt + test split -> data/eval/{metrics,stats}.json, translations.tsv.
 
 Reads params `evaluate.*`; the target language, which picks sacreBLEU's tokenizer (`zh` for
 Chinese, `char` for Japanese/Korean, `13a` otherwise), comes from the tokenizer's
 tokenizer.json. Translates the test split
-with batched beam search, scores corpus BLEU and chrF with sacreBLEU, writes a metrics JSON
-(a DVC metric) and a TSV of source / reference / hypothesis, and logs samples to MLflow.
+with batched beam search and scores corpus BLEU and chrF with sacreBLEU, overall and by source
+length (<= 6, 7-9, >= 10 words). The scores are the DVC metrics (data/eval/metrics.json);
+stats.json adds counts and settings; a TSV holds source / reference / hypothesis; MLflow gets
+all of it and sample translations.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import typer
 from rich.progress import Progress
 
 from src import checkpoint, paths, tracking
-from src.atomic import atomic_path, write_json
+from src.atomic import atomic_path
 from src.errors import require_file, run_cli
 from src.params import EvaluateParams, load_params
-from src.scoring import bleu_tokenizer, score
+from src.reports import EVALUATE_HEADLINE, LENGTH_BUCKETS, write_report
+from src.scoring import bleu_tokenizer, score, score_by_length
 from src.search import translate_ids
 from src.subword import check_encoded_with, load_tokenizers
 
@@ -35,7 +38,8 @@ def main(
     split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits."),
     tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir."),
     split: str = typer.Option("test", help="Which split to translate."),
-    metrics: Path = typer.Option(paths.EVAL_METRICS, help="Metrics JSON to write."),
+    metrics: Path = typer.Option(paths.EVAL_METRICS, help="Scores JSON to write (DVC metrics)."),
+    stats: Path = typer.Option(paths.EVAL_STATS, help="Scores, counts and settings JSON."),
     translations: Path = typer.Option(paths.EVAL_TRANSLATIONS, help="TSV to write."),
 ) -> None:
     """Translate the test split with beam search (params `evaluate.*`) and score BLEU/chrF."""
@@ -57,6 +61,7 @@ def main(
     target_lang = tok.target_lang
     params = {"evaluate": cfg.model_dump()}
     with tracking.stage_run("evaluate", params, deps=[model_path, split_dir]) as run:
+        run.log_datasets(split_dir, {split: "evaluation"})
         start = time.perf_counter()
         with Progress(transient=True) as progress:
             hyp_ids = translate_ids(
@@ -66,6 +71,7 @@ def main(
         seconds = time.perf_counter() - start
         hypotheses = tok.decode_target(hyp_ids)
         result = score(hypotheses, references, target_lang)
+        result |= score_by_length(sources, hypotheses, references, target_lang, LENGTH_BUCKETS)
         result.update(
             {
                 "bleu_tokenizer": bleu_tokenizer(target_lang),
@@ -79,7 +85,7 @@ def main(
             writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
             writer.writerow(["source", "reference", "hypothesis"])
             writer.writerows(zip(sources, references, hypotheses))
-        write_json(metrics, result)
+        write_report(result, stats, metrics, EVALUATE_HEADLINE)
         run.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
         n = cfg.num_samples
         run.log_table(
@@ -87,9 +93,12 @@ def main(
             "samples.json",
         )
         run.log_artifact(translations, "evaluate")
+    by_length = ", ".join(f"{name} {result[f'bleu_{name}']}" for name, _, _ in LENGTH_BUCKETS
+                          if f"bleu_{name}" in result)
     print(
         f"evaluate: BLEU {result['bleu']} chrF {result['chrf']} on {len(sources):,} "
-        f"{split} sentences (beam {cfg.beam_size}, {result['sentences_per_s']} sent/s)"
+        f"{split} sentences (beam {cfg.beam_size}, {result['sentences_per_s']} sent/s); "
+        f"BLEU by source length: {by_length}"
     )
 
 

@@ -10,7 +10,9 @@ BLEU of the file on the whole test split. With `export.quantize`, models/model.i
 weights, quantized per subgraph) gets its own BLEU and speed.
 
 Writes models/model.onnx (a DVC out), models/model.int8.onnx (not a DVC out: DVC requires
-declared outs to exist, and this one is optional) and models/export_metrics.json. MLflow gets
+declared outs to exist, and this one is optional), models/export_metrics.json (BLEU, size and
+speed of each file: the DVC metrics) and models/export_stats.json (also parity, timings and the
+onnxruntime version). MLflow gets
 the text-in, text-out model of src/serving.py (both files and the tokenizer as artifacts),
 registered as a new version of `nmt-<src>-<tgt>` with the alias `candidate`.
 """
@@ -28,10 +30,11 @@ import torch
 import typer
 
 from src import checkpoint, generation, onnx_graph, paths, tracking
-from src.atomic import atomic_path, write_json
+from src.atomic import atomic_path
 from src.batching import clip_source, pad
 from src.errors import PipelineError, require_file, run_cli
 from src.params import ExportParams, load_params
+from src.reports import EXPORT_HEADLINE, write_report
 from src.scoring import bleu
 from src.search import beam_search, greedy_search, max_output_length
 from src.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with, load_tokenizers
@@ -197,7 +200,8 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
          split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits (test is used)."),
          onnx_path: Path = typer.Option(paths.ONNX_MODEL, help="Generation model to write."),
          int8_path: Path = typer.Option(paths.ONNX_INT8_MODEL, help="int8 twin to write."),
-         metrics: Path = typer.Option(paths.EXPORT_METRICS, help="Metrics JSON to write."),
+         metrics: Path = typer.Option(paths.EXPORT_METRICS, help="Headline JSON (DVC metrics)."),
+         stats: Path = typer.Option(paths.EXPORT_STATS, help="Everything about the export, JSON."),
          ) -> None:
     """Export model.pt to one model.onnx with the search inside, verified against PyTorch."""
     from datasets import disable_progress_bars, load_from_disk
@@ -219,13 +223,14 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     with tracking.stage_run("export", params, deps=deps) as run, \
             tempfile.TemporaryDirectory(prefix=".export.", dir=onnx_path.parent) as work:
+        run.log_datasets(split_dir, {"test": "evaluation"})
         start = time.perf_counter()
         fp32, int8 = onnx_graph.build(model, metadata, cfg.opset,
                                       Path(work) if cfg.quantize else None)
         result = {"export_seconds": round(time.perf_counter() - start, 1)}
         result.update(write_verified(fp32, int8, (onnx_path, int8_path), model, tok, part, cfg))
         result.update({"test_sentences": len(part), "onnxruntime": _ort_version()})
-        write_json(metrics, result)
+        write_report(result, stats, metrics, EXPORT_HEADLINE)
         files = [onnx_path] + ([int8_path] if int8 is not None else [])
         version = log_run(run, result, files, tokenizer_dir, tok)
     _report(result, version)

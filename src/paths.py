@@ -20,21 +20,24 @@ RAW_TEST = RAW / "test.tsv"  # a predefined test set; empty when split carves on
 RAW_META = RAW / "download.json"
 
 SPLIT = DATA / "split"
-SPLIT_METRICS = DATA / "split_metrics.json"
+SPLIT_STATS = DATA / "split_stats.json"
 
 TOKENIZED = DATA / "tokenized"
 TOKENIZER = MODELS / "tokenizer"
-TOKENIZE_METRICS = DATA / "tokenize_metrics.json"
+TOKENIZE_STATS = DATA / "tokenize_stats.json"
 
 CHECKPOINTS = MODELS / "checkpoints"
-TRAIN_METRICS = MODELS / "train_metrics.json"
+TRAIN_METRICS = MODELS / "train_metrics.json"  # headline (DVC metrics)
+TRAIN_STATS = MODELS / "train_stats.json"  # everything
 TRAIN_CURVE = MODELS / "train_curve.csv"
 VALID_CURVE = MODELS / "valid_curve.csv"
 
 EVAL = DATA / "eval"
 EVAL_METRICS = EVAL / "metrics.json"
+EVAL_STATS = EVAL / "stats.json"
 EVAL_TRANSLATIONS = EVAL / "translations.tsv"
 
 ONNX_MODEL = MODELS / "model.onnx"
 EXPORT_METRICS = MODELS / "export_metrics.json"
+EXPORT_STATS = MODELS / "export_stats.json"
 ONNX_INT8_MODEL = MODELS / "model.int8.onnx"

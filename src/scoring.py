@@ -34,3 +34,30 @@ def score(hypotheses: list[str], references: list[str], target_lang: str) -> dic
         "chrf": round(chrf.score, 2),
         "bleu_brevity_penalty": round(result.bp, 4),
     }
+
+
+def length_bucket(source: str, buckets) -> str:
+    """The name of the (name, min_words, max_words or None) bucket holding `source`."""
+    words = len(source.split())
+    for name, low, high in buckets:
+        if words >= low and (high is None or words <= high):
+            return name
+    return buckets[0][0]  # an empty source counts with the shortest
+
+
+def score_by_length(sources: list[str], hypotheses: list[str], references: list[str],
+                    target_lang: str, buckets) -> dict[str, float]:
+    """BLEU and chrF of each source-length bucket, and its sentence count; empty buckets are
+    left out (a score of nothing would read as a score of zero)."""
+    grouped: dict[str, tuple[list[str], list[str]]] = {}
+    for source, hyp, ref in zip(sources, hypotheses, references, strict=True):
+        hyps, refs = grouped.setdefault(length_bucket(source, buckets), ([], []))
+        hyps.append(hyp)
+        refs.append(ref)
+    result: dict[str, float] = {}
+    for name, _, _ in buckets:
+        if name in grouped:
+            scores = score(*grouped[name], target_lang)
+            result |= {f"bleu_{name}": scores["bleu"], f"chrf_{name}": scores["chrf"],
+                       f"sentences_{name}": len(grouped[name][0])}
+    return result

@@ -8,7 +8,7 @@ predefined test set (data/raw/test.tsv not empty), that is the test split, `spli
 unused, and corpus pairs whose source sentence is in it are dropped from train and valid.
 Files are decoded strictly (src/text.py): text that is not UTF-8 stops the stage with the
 file, line and byte offset instead of becoming training data. Counts go to
-data/split_metrics.json; rows a predefined test set loses are counted and warned about.
+data/split_stats.json (and MLflow); rows a predefined test set loses are counted and warned about.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def main(
     corpus: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV from `download`."),
     test_tsv: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (may be empty)."),
     out_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict directory to write."),
-    metrics: Path = typer.Option(paths.SPLIT_METRICS, help="Counts JSON to write."),
+    stats: Path = typer.Option(paths.SPLIT_STATS, help="Counts JSON to write."),
 ) -> None:
     """Clean the corpus and split it train/valid/test, grouped by source sentence
     (params `pair.*`, `split.*`)."""
@@ -170,7 +170,7 @@ def main(
             **{f"n_{name}": len(rows) for name, rows in parts.items()},
             **{f"sources_{name}": len({s for s, _ in rows}) for name, rows in parts.items()},
         }
-        write_json(metrics, counts)
+        write_json(stats, counts)
         run.log_metrics(counts)
     print("split: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 

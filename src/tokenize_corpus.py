@@ -9,7 +9,7 @@ Reads params `pair.*` and `tokenize.*`. The tokenizer is trained on the *train* 
 to `tokenize.max_sentences`; then every split is encoded with `datasets.map` (batched, in
 `tokenize.num_proc` processes for large splits) straight into Arrow files, so no stage holds
 the corpus as Python lists. Vocabulary size, unknown-token rate and length statistics go to
-data/tokenize_metrics.json.
+data/tokenize_stats.json (and MLflow).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def main(
     split_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict from `split`."),
     tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir to write."),
     out_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded DatasetDict to write."),
-    metrics: Path = typer.Option(paths.TOKENIZE_METRICS, help="Stats JSON to write."),
+    stats_path: Path = typer.Option(paths.TOKENIZE_STATS, "--stats", help="Stats JSON to write."),
 ) -> None:
     """Train SentencePiece on the train split (params `tokenize.*`) and encode all splits."""
     from datasets import DatasetDict, disable_progress_bars, load_from_disk
@@ -184,6 +184,7 @@ def main(
     num_proc = cfg.num_proc or os.cpu_count() or 1
     params = {"pair": pair.model_dump(), "tokenize": cfg.model_dump()}
     with tracking.stage_run("tokenize", params, deps=[split_dir]) as run:
+        run.log_datasets(split_dir, {name: "tokenization" for name in ("train", "valid", "test")})
         write_tokenizers(split_dir, pair, cfg, tokenizer_dir)
         splits = load_from_disk(str(split_dir))
         tok = load_tokenizers(tokenizer_dir)
@@ -203,7 +204,7 @@ def main(
             with atomic_dir(out_dir) as tmp:
                 DatasetDict(encoded).save_to_disk(str(tmp))
                 (tmp / ENCODED_WITH).write_text(tokenizer_digest(tokenizer_dir) + "\n")
-        write_json(metrics, stats)
+        write_json(stats_path, stats)
         run.log_metrics(stats)
         run.log_artifacts(tokenizer_dir, "tokenizer")
     print("tokenize: " + ", ".join(f"{k} {v}" for k, v in stats.items()))

@@ -7,6 +7,11 @@
   (derived from the dvc process that spawned them). The runs of one repro are nested under a
   parent run named `repro <time>`, so the UI shows them as one expandable group.
 * `NMT_TRACKING=off` disables tracking (unit tests, quick local runs).
+* The experiment is tagged as model training (`mlflow.experimentKind`), so MLflow 3's UI opens
+  it on its runs table rather than the GenAI overview.
+* Each stage logs the data it read as MLflow dataset inputs (train/valid/test), with the DVC
+  hash of that data as digest when it runs under DVC, so the runs table's Dataset column tells
+  runs on different data apart. Training also samples CPU and memory as system metrics.
 * Tracking is best effort: a locked sqlite file or a tracking-server blip is reported once per
   kind on stderr and the stage goes on (its files are the first copy of every result); a run
   that cannot even be opened falls back to no tracking, with a warning.
@@ -48,6 +53,7 @@ class NullRun:
     def log_table(self, data: dict[str, list], artifact_file: str) -> None: ...
     def log_dict(self, data: dict, artifact_file: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_datasets(self, data_dir: Path, contexts: dict[str, str]) -> None: ...
     def log_model(self, log: Callable[[], str]) -> str | None: ...
 
     @property
@@ -146,6 +152,21 @@ class MlflowRun(NullRun):
         mlflow.set_tags(tags)
 
     @best_effort
+    def log_datasets(self, data_dir: Path, contexts: dict[str, str]) -> None:
+        """Log parts of the DatasetDict at `data_dir` as dataset inputs, e.g.
+        {"train": "training", "valid": "validation"}; the digest is the DVC hash of `data_dir`
+        under `dvc repro`, else MLflow's own digest of the rows."""
+        import mlflow.data
+        from datasets import load_from_disk
+
+        splits = load_from_disk(str(data_dir))
+        digest = dvc_hash(data_dir)
+        for name, context in contexts.items():
+            dataset = mlflow.data.from_huggingface(
+                splits[name], name=name, digest=digest, source=Path(data_dir).resolve().as_uri())
+            mlflow.log_input(dataset, context=context)
+
+    @best_effort
     def log_model(self, log: Callable[[], str]) -> str:
         """Run `log`, which logs a model into this (active) run and registers it; returns the
         registered version."""
@@ -178,8 +199,8 @@ def git_commit() -> str:
         return "unknown"
 
 
-def data_hashes(deps: list[Path]) -> dict[str, str]:
-    """md5 of each input as recorded in dvc.lock (the outputs of upstream stages)."""
+def locked_outputs() -> dict[str, str]:
+    """{path: md5} of every stage output recorded in dvc.lock."""
     lock = paths.ROOT / "dvc.lock"
     if not lock.exists():
         return {}
@@ -187,13 +208,45 @@ def data_hashes(deps: list[Path]) -> dict[str, str]:
         stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
     except yaml.YAMLError:
         return {}
-    known = {o["path"]: o.get("md5", "") for s in stages.values() for o in s.get("outs", [])}
+    return {o["path"]: o.get("md5", "") for s in stages.values() for o in s.get("outs", [])}
+
+
+def data_hashes(deps: list[Path]) -> dict[str, str]:
+    """md5 of each input as recorded in dvc.lock (the outputs of upstream stages)."""
+    known = locked_outputs()
     tags = {}
     for dep in deps:
         rel = os.path.relpath(dep, paths.ROOT)
         if rel in known:
             tags[f"data.{rel}"] = known[rel]
     return tags
+
+
+def dvc_hash(path: Path) -> str | None:
+    """The DVC hash of an upstream output, trusted only under `dvc repro` (which records it
+    just before the next stage starts); a stage run by hand may read data newer than the lock.
+    """
+    if dvc_process() is None:
+        return None
+    md5 = locked_outputs().get(os.path.relpath(path, paths.ROOT))
+    return md5.removesuffix(".dir") if md5 else None  # MLflow keeps 36 characters of digest
+
+
+def dvc_process():
+    """The `dvc` process this stage runs under (psutil.Process), or None."""
+    try:
+        import psutil
+
+        proc = psutil.Process().parent()
+        while proc is not None:
+            argv = proc.cmdline()
+            # `dvc …` as a script (python /…/bin/dvc) or binary, or `python -m dvc …`
+            if any(Path(a).name == "dvc" for a in argv[:2]) or argv[1:3] == ["-m", "dvc"]:
+                return proc
+            proc = proc.parent()
+    except Exception:  # psutil missing or a process vanished
+        pass
+    return None
 
 
 def repro_id() -> str:
@@ -203,20 +256,20 @@ def repro_id() -> str:
     """
     if os.environ.get("NMT_REPRO_ID"):
         return os.environ["NMT_REPRO_ID"]
-    try:
-        import psutil
-
-        proc = psutil.Process().parent()
-        while proc is not None:
-            argv = proc.cmdline()
-            # `dvc …` as a script (python /…/bin/dvc) or binary, or `python -m dvc …`
-            if any(Path(a).name == "dvc" for a in argv[:2]) or argv[1:3] == ["-m", "dvc"]:
-                stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(proc.create_time()))
-                return f"{stamp}-{proc.pid}"
-            proc = proc.parent()
-    except Exception:  # psutil missing or a process vanished: fall back to a fresh id
-        pass
+    proc = dvc_process()
+    if proc is not None:
+        try:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(proc.create_time()))
+            return f"{stamp}-{proc.pid}"
+        except Exception:  # the dvc process vanished
+            pass
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-manual"
+
+
+def system_metrics_wanted() -> bool:
+    """On unless MLflow's own switch, MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING, says otherwise."""
+    value = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")
+    return value.strip().lower() not in {"0", "false", "off", "no"}
 
 
 def _parent_run(client, experiment_id: str, group: str, tags: dict[str, str]) -> str:
@@ -232,16 +285,19 @@ def _parent_run(client, experiment_id: str, group: str, tags: dict[str, str]) ->
 
 
 @contextmanager
-def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = ()) -> Iterator[NullRun]:
+def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
+              system_metrics: bool = False) -> Iterator[NullRun]:
     """Open the MLflow run of one stage execution; the run fails if the stage raises.
 
-    If the tracking store cannot be opened, the stage runs untracked (with a warning).
+    `system_metrics`: sample CPU and memory into the run (unless switched off by
+    MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false). If the tracking store cannot be opened, the
+    stage runs untracked (with a warning).
     """
     if not enabled():
         yield NullRun()
         return
     try:
-        opened = _open_run(stage, params, deps)
+        opened = _open_run(stage, params, deps, system_metrics and system_metrics_wanted())
     except Exception as exc:
         warn_once("tracking", exc)
         opened = None
@@ -259,7 +315,11 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = ()) -> Iter
         _finish(mlflow, client, parent, status)
 
 
-def _open_run(stage: str, params: dict[str, Any], deps: list[Path]):
+# MLflow 3's UI opens an experiment by its kind; untagged ones may land on the GenAI overview.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def _open_run(stage: str, params: dict[str, Any], deps: list[Path], system_metrics: bool):
     import logging
 
     import mlflow
@@ -276,15 +336,19 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path]):
         # The local store's artifacts belong beside its mlflow.db; MLflow's default is
         # ./mlruns under whatever directory the first stage happened to run from.
         mlflow.create_experiment(EXPERIMENT,
-                                 artifact_location=(paths.ROOT / "mlruns").resolve().as_uri())
+                                 artifact_location=(paths.ROOT / "mlruns").resolve().as_uri(),
+                                 tags=EXPERIMENT_KIND)
     experiment = mlflow.set_experiment(EXPERIMENT)
+    for key, value in EXPERIMENT_KIND.items():
+        if experiment.tags.get(key) != value:  # created by a server, or by an older version
+            client.set_experiment_tag(experiment.experiment_id, key, value)
     group = repro_id()
     commit = git_commit()
     tags = {"stage": stage, "git_commit": commit, "repro_id": group, "kind": "stage"}
     tags.update(data_hashes(list(deps)))
     parent = _parent_run(client, experiment.experiment_id, group, {"git_commit": commit})
     tags["mlflow.parentRunId"] = parent
-    run = mlflow.start_run(run_name=stage, tags=tags)
+    run = mlflow.start_run(run_name=stage, tags=tags, log_system_metrics=system_metrics)
     flat = flatten(params)
     if flat:
         try:

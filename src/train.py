@@ -1,4 +1,4 @@
-"""train: data/tokenized + models/tokenizer -> models/model.pt (+ checkpoints, curves, metrics).
+"""train: data/tokenized + models/tokenizer -> models/model.pt (+ checkpoints, curves, reports).
 
 Reads params `model.*` and `train.*`; the target language (for valid BLEU) and whether the
 vocabulary is shared come from models/tokenizer/tokenizer.json. AdamW with linear warmup then
@@ -9,7 +9,9 @@ stopping, best.pt and which epochs are averaged. Every `checkpoint_every_steps` 
 end `models/checkpoints/last.pt` (weights, optimizer, scheduler, step, RNG) is written
 atomically, so a killed run resumes where it stopped when started again with the same params
 and data. The final `models/model.pt` averages the `train.average_last` best epoch checkpoints
-(by the selection score), so no test sentence ever picks a checkpoint.
+(by the selection score), so no test sentence ever picks a checkpoint. Its valid BLEU, the
+training minutes and tokens/s are the DVC metrics (models/train_metrics.json); the rest of the
+summary goes to models/train_stats.json, and MLflow gets both plus CPU/memory system metrics.
 
 With `train.nproc_per_node` > 1 (or under torchrun) it trains data-parallel (DDP): every rank
 builds the same batches and takes its share of each optimizer step, the loss is normalised by
@@ -33,7 +35,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from src import checkpoint, distributed, failpoints, paths, tracking
-from src.atomic import atomic_path, write_json
+from src.atomic import atomic_path
 from src.batching import (
     Batch,
     batches_per_step,
@@ -47,6 +49,7 @@ from src.distributed import World
 from src.errors import PipelineError, require_file, run_cli
 from src.model import Transformer, count_parameters, model_config
 from src.params import ModelParams, TrainParams, load_params
+from src.reports import TRAIN_HEADLINE, write_report
 from src.resume import (
     ResumeStore,
     TrainState,
@@ -58,7 +61,7 @@ from src.resume import (
 )
 from src.selection import EpochSelection
 from src.subword import PAD, check_encoded_with, load_tokenizers
-from src.validation import ValidScorer, token_loss
+from src.validation import ValidScorer, token_loss, validation_bleu
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -371,7 +374,8 @@ def main(
     tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer from `tokenize`."),
     ckpt_dir: Path = typer.Option(paths.CHECKPOINTS, help="Resumable checkpoints dir."),
     model_out: Path = typer.Option(paths.MODELS / "model.pt", help="Final model to write."),
-    metrics: Path = typer.Option(paths.TRAIN_METRICS, help="Metrics JSON to write."),
+    metrics: Path = typer.Option(paths.TRAIN_METRICS, help="Headline JSON (DVC metrics)."),
+    stats: Path = typer.Option(paths.TRAIN_STATS, help="Everything about the run, JSON."),
     checkpoint_every_steps: int = typer.Option(500, min=1, help="Save last.pt this often."),
 ) -> None:
     """Train the Transformer (params `model.*`, `train.*`). A killed run resumes exactly from
@@ -389,8 +393,8 @@ def main(
         raise typer.Exit(distributed.launch(cfg.nproc_per_node, "src.train", sys.argv[1:]))
     world = distributed.init_world()
     try:
-        train(world, model_params, cfg, data_dir, tokenizer_dir, ckpt_dir, model_out, metrics,
-              checkpoint_every_steps)
+        train(world, model_params, cfg, data_dir, tokenizer_dir, ckpt_dir, model_out,
+              (metrics, stats), checkpoint_every_steps)
     except Exception as exc:
         distributed.exit_if_peer_lost(world, exc)
         raise
@@ -405,9 +409,10 @@ def train(
     tokenizer_dir: Path,
     ckpt_dir: Path,
     model_out: Path,
-    metrics: Path,
+    reports: tuple[Path, Path],
     checkpoint_every_steps: int,
 ) -> None:
+    metrics, stats = reports
     threads = cfg.threads or world.default_threads()  # 0: resolved and recorded
     torch.set_num_threads(threads)
     set_seed(cfg.seed)
@@ -448,9 +453,11 @@ def train(
             f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
             f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} ranks)"
         )
-    opened = (tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir])
+    opened = (tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir],
+                                 system_metrics=True)
               if world.is_main else nullcontext(tracking.NullRun()))
     with opened as run:
+        run.log_datasets(data_dir, {"train": "training", "valid": "validation"})
         run.log_metrics({"n_parameters": n_params, "threads": threads,
                          "world_size": world.size, "global_batch_tokens": global_batch})
         selection = run_training(
@@ -463,6 +470,9 @@ def train(
         failpoints.hit("during_averaging")
         model.load_state_dict(weights)
         final_valid = score_valid(model, device)  # of the averaged model
+        if "valid_bleu" not in final_valid:  # select_by loss: BLEU is still the headline
+            final_valid["valid_bleu"] = validation_bleu(model, *valid_data, tokenizers,
+                                                        target_lang)
         checkpoint.save(checkpoint.model_state(model, averaged_epochs=epochs), model_out)
         write_curve(metrics.with_name(paths.TRAIN_CURVE.name), st.curve)
         write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)
@@ -474,12 +484,15 @@ def train(
             "world_size": world.size,
             "global_batch_tokens": global_batch,
             "train_seconds": round(st.train_seconds, 1),
+            "train_minutes": round(st.train_seconds / 60, 1),
             "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
             "best_epoch_valid_" + cfg.select_by: round(abs(st.best_criterion), 4),
             "averaged_epochs": len(epochs),
         } | {"final_" + k: round(v, 4) for k, v in final_valid.items() if k != "criterion"}
-        write_json(metrics, summary)
-        run.log_metrics(summary)
+        summary["valid_bleu"] = round(final_valid["valid_bleu"], 2)
+        write_report(summary, stats, metrics, TRAIN_HEADLINE)
+        # valid_bleu is the curve's name in MLflow; there the final model's is final_valid_bleu
+        run.log_metrics({k: v for k, v in summary.items() if k != "valid_bleu"})
         run.log_artifact(model_out, "model")
     print("train: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
 

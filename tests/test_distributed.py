@@ -82,7 +82,7 @@ def test_two_ranks_match_one_process_with_accumulation(tokenized_root, two_ranks
     for name in expected:
         assert torch.allclose(expected[name], got[name], rtol=1e-4, atol=1e-5), name
     # only rank 0 wrote: one checkpoint set, one metrics file
-    metrics = (two / "models/train_metrics.json").read_text()
+    metrics = (two / "models/train_stats.json").read_text()
     assert '"world_size": 2' in metrics and '"global_batch_tokens": 600' in metrics
 
 
@@ -115,7 +115,7 @@ def test_resume_with_another_world_size_says_what_changes(tokenized_root, two_ra
     result = train(root)
     assert result.returncode == 0, result.stderr
     assert "resumed with 1 ranks where last.pt was written by 2" in result.stderr
-    assert '"steps": 20' in (root / "models/train_metrics.json").read_text()
+    assert '"steps": 20' in (root / "models/train_stats.json").read_text()
 
 
 def test_kill_9_of_the_launcher_ends_every_rank_and_resumes_bitwise(

@@ -126,7 +126,7 @@ def session(path: Path):
 
 
 def test_export_writes_a_verified_single_file(project):
-    metrics = json.loads((project / "models/export_metrics.json").read_text())
+    metrics = json.loads((project / "models/export_stats.json").read_text())
     assert metrics["greedy_parity"] == 1.0
     assert metrics["beam_parity"] >= 0.95
     assert metrics["parity_sentences"] == 60 and metrics["test_sentences"] == 80

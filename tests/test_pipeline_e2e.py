@@ -79,7 +79,8 @@ def project(tmp_path_factory) -> Path:
     sh(root, "git", "init", "-q")
     sh(root, "git", "add", "-A")
     sh(root, "git", "commit", "-qm", "toy project")
-    sh(root, "dvc", "repro")
+    # sample system metrics every second, so the seconds-long toy training gets some
+    sh(root, "dvc", "repro", env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"})
     return root
 
 
@@ -105,7 +106,7 @@ def test_every_stage_wrote_its_outputs(project):
     meta = json.loads((project / "data/raw/download.json").read_text())
     assert len(meta["corpus"]["corpus_sha256"]) == 64 and meta["test"] is None
     splits = load_from_disk(str(project / "data/split"))
-    counts = json.loads((project / "data/split_metrics.json").read_text())
+    counts = json.loads((project / "data/split_stats.json").read_text())
     assert counts["kept"] == 1080 and counts["n_train"] == len(splits["train"])
     assert {"train", "valid", "test"} == set(splits)
     for name in ("source.model", "target.model", "tokenizer.json"):
@@ -114,13 +115,16 @@ def test_every_stage_wrote_its_outputs(project):
     assert "source_ids" in tokenized["test"].column_names
     assert (project / "models/model.pt").exists()
     assert (project / "models/checkpoints/last.pt").exists()
-    train = json.loads((project / "models/train_metrics.json").read_text())
+    train = json.loads((project / "models/train_stats.json").read_text())
     assert train["epochs"] == 2 and train["averaged_epochs"] == 2  # average_last: 2
     assert (project / "models/train_curve.csv").read_text().startswith("step,loss,lr")
     valid = list(csv.DictReader((project / "models/valid_curve.csv").open()))
     assert [int(r["epoch"]) for r in valid] == [1, 2] and "valid_bleu" in valid[0]
-    result = json.loads((project / "data/eval/metrics.json").read_text())
+    result = json.loads((project / "data/eval/stats.json").read_text())
     assert result["bleu_tokenizer"] == "zh" and result["sentences"] == len(splits["test"])
+    # every toy sentence has four words: one bucket, which is then the whole test split
+    assert result["sentences_le6w"] == len(splits["test"]) and "bleu_7to9w" not in result
+    assert result["bleu_le6w"] == result["bleu"]
     with (project / "data/eval/translations.tsv").open(encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
     assert [r["source"] for r in rows] == list(splits["test"]["source"])
@@ -129,8 +133,30 @@ def test_every_stage_wrote_its_outputs(project):
                                      [[r["reference"] for r in rows]], tokenize="zh")
     assert result["bleu"] == round(rescored.score, 2)
     assert (project / "models/model.onnx").exists()
-    exported = json.loads((project / "models/export_metrics.json").read_text())
+    exported = json.loads((project / "models/export_stats.json").read_text())
     assert exported["greedy_parity"] == 1.0
+
+
+# What `dvc exp show` and `dvc metrics diff` compare. A key added to a metrics file becomes a
+# column in every user's table: diagnostics belong in the *stats.json files and MLflow.
+HEADLINE_METRICS = {
+    "models/train_metrics.json": {"valid_bleu", "train_minutes", "tokens_per_s"},
+    "data/eval/metrics.json": {"bleu", "chrf", "bleu_le6w", "chrf_le6w"},  # toy: one bucket
+    "models/export_metrics.json": {"fp32_bleu", "fp32_size_mb", "fp32_sentences_per_s",
+                                   "int8_bleu", "int8_size_mb", "int8_sentences_per_s"},
+}
+
+
+def test_metrics_files_hold_only_headline_numbers(project):
+    declared = {next(iter(m)) if isinstance(m, dict) else m
+                for stage in yaml.safe_load((project / "dvc.yaml").read_text())["stages"].values()
+                for m in stage.get("metrics", [])}
+    assert declared == set(HEADLINE_METRICS)
+    for path, keys in HEADLINE_METRICS.items():
+        metrics = json.loads((project / path).read_text())
+        assert set(metrics) == keys, path
+        stats = json.loads((project / path.replace("metrics", "stats")).read_text())
+        assert {k: stats[k] for k in keys} == metrics  # the same numbers, not a second copy
 
 
 def test_mlflow_runs_are_grouped_and_complete(project):
@@ -155,9 +181,48 @@ def test_mlflow_runs_are_grouped_and_complete(project):
     assert len(client.get_metric_history(train.info.run_id, "valid_bleu")) == 2  # select_by
     assert "bleu" in stages["evaluate"].data.metrics and "chrf" in stages["evaluate"].data.metrics
     assert [a.path for a in client.list_artifacts(train.info.run_id)] == ["model"]
+    assert any(key.startswith("system/cpu") for key in train.data.metrics)
+    assert not any(key.startswith("system/") for key in stages["evaluate"].data.metrics)
+    # MLflow 3's UI opens a model-training experiment on its runs table
+    experiment = client.get_experiment(train.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     tok_artifacts = client.list_artifacts(stages["tokenize"].info.run_id, "tokenizer")
     assert {Path(a.path).name for a in tok_artifacts} >= {"source.model", "tokenizer.json"}
 
+
+def test_runs_record_the_data_they_used(project):
+    """Dataset inputs named after the split, digest = DVC's hash of the data the stage read."""
+    runs = mlflow_runs(project)
+    stages = {r.data.tags.get("stage"): r for r in runs if r.data.tags.get("kind") == "stage"}
+    outs = {o["path"]: o["md5"].removesuffix(".dir")
+            for stage in yaml.safe_load((project / "dvc.lock").read_text())["stages"].values()
+            for o in stage.get("outs", [])}
+
+    def inputs(stage: str) -> dict[str, tuple[str, str]]:
+        return {d.dataset.name: (d.dataset.digest,
+                                 {t.key: t.value for t in d.tags}["mlflow.data.context"])
+                for d in stages[stage].inputs.dataset_inputs}
+
+    tokenized = outs["data/tokenized"]
+    assert inputs("train") == {"train": (tokenized, "training"),
+                               "valid": (tokenized, "validation")}
+    assert inputs("evaluate") == {"test": (tokenized, "evaluation")}
+    assert inputs("export") == {"test": (tokenized, "evaluation")}
+    assert {name: digest for name, (digest, _) in inputs("tokenize").items()} == {
+        name: outs["data/split"] for name in ("train", "valid", "test")}
+
+
+
+def test_plots_draw_loss_valid_loss_and_valid_bleu(workspace):
+    """Three titled, labelled charts with data, defined top-level so experiments overlay."""
+    charts = json.loads(sh(workspace, "dvc", "plots", "show", "--json"))["data"]
+    assert set(charts) == {"Training loss", "Validation loss", "Validation BLEU"}
+    for name, (chart,) in charts.items():
+        spec = chart["content"]
+        y = spec["layer"][0]["encoding"]["y"]
+        assert spec["title"]["text"] and spec["encoding"]["x"]["title"] and y["title"], name
+        assert all(row[y["field"]] != "" for row in spec["data"]["values"]), name
+    assert len(charts["Validation BLEU"][0]["content"]["data"]["values"]) == 2  # epochs
 
 def test_second_repro_does_nothing(workspace):
     before = len(mlflow_runs(workspace))
@@ -174,7 +239,7 @@ def test_train_change_reruns_only_train_and_later(workspace):
     ran = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
     assert {"train", "evaluate"} <= ran
     assert not ran & {"download", "split", "tokenize"}
-    assert json.loads((workspace / "models/train_metrics.json").read_text())["steps"] == 7
+    assert json.loads((workspace / "models/train_stats.json").read_text())["steps"] == 7
 
 
 def test_metrics_show_and_exp_run(workspace):

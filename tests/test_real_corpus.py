@@ -26,7 +26,7 @@ def test_download_and_split_real_corpus(tmp_path):
 
     result = run_stage(root, "split")
     assert result.returncode == 0, result.stderr
-    counts = json.loads((root / "data/split_metrics.json").read_text())
+    counts = json.loads((root / "data/split_stats.json").read_text())
     assert counts["sources_valid"] == 1000 and counts["sources_test"] == 2000
     assert counts["dropped_empty"] == 1  # the trailing empty line
     assert counts["n_train"] + counts["n_valid"] + counts["n_test"] == counts["kept"]
@@ -55,7 +55,7 @@ def test_en_vi_parallel_files_with_predefined_test_set(tmp_path):
     for stage in ("download", "split"):
         result = run_stage(root, stage)
         assert result.returncode == 0, result.stderr
-    counts = json.loads((root / "data/split_metrics.json").read_text())
+    counts = json.loads((root / "data/split_stats.json").read_text())
     assert counts["predefined_test"] == 1
     assert counts["n_test"] == 1268  # tst2013 whole: no length limit, no dedupe
     assert counts["sources_valid"] == 100

@@ -100,7 +100,7 @@ def test_predefined_test_set_losing_rows_is_counted_and_warned(tmp_path):
     result = run_stage(root, "split")
     assert result.returncode == 0, result.stderr
     assert "lost 2 of 4 rows" in result.stderr
-    counts = json.loads((root / "data/split_metrics.json").read_text())
+    counts = json.loads((root / "data/split_stats.json").read_text())
     assert counts["test_dropped_empty"] == 1 and counts["test_dropped_malformed"] == 1
     assert len(split_rows(root, "test")) == 2
 

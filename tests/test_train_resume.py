@@ -102,7 +102,7 @@ def test_resume_at_max_steps_takes_no_extra_step(tokenized_root, uninterrupted, 
     assert train(root, "before_validation:2").returncode == 137
     resumed = train(root)
     assert resumed.returncode == 0, resumed.stderr
-    assert f'"steps": {max_steps},' in (root / "models/train_metrics.json").read_text()
+    assert f'"steps": {max_steps},' in (root / "models/train_stats.json").read_text()
 
 
 def test_raising_epochs_continues_a_finished_run(tokenized_root, uninterrupted, tmp_path):
@@ -116,7 +116,7 @@ def test_raising_epochs_continues_a_finished_run(tokenized_root, uninterrupted, 
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout and "epoch 4" in result.stdout
     assert "used 1" in result.stderr  # the thread change is said, not hidden
-    metrics = (root / "models/train_metrics.json").read_text()
+    metrics = (root / "models/train_stats.json").read_text()
     assert '"epochs": 4' in metrics and '"threads": 2' in metrics
 
 

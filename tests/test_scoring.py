@@ -1,0 +1,29 @@
+"""Scores by source length: each sentence lands in the bucket of its word count."""
+
+from __future__ import annotations
+
+from src.reports import LENGTH_BUCKETS
+from src.scoring import length_bucket, score_by_length
+
+
+def words(n: int) -> str:
+    return " ".join(["word"] * n)
+
+
+def test_bucket_edges():
+    assert [length_bucket(words(n), LENGTH_BUCKETS) for n in (1, 6, 7, 9, 10, 40)] == [
+        "le6w", "le6w", "7to9w", "7to9w", "ge10w", "ge10w"]
+    assert length_bucket("", LENGTH_BUCKETS) == "le6w"
+
+
+def test_each_bucket_is_scored_on_its_own_sentences():
+    # short sentences translated perfectly, long ones entirely wrong, no 7-9 word sentence
+    sources = [words(3), words(12), words(4), words(15)]
+    references = ["我们喜欢三只猫。", "他们昨天在火车站等了很久的朋友。", "她有两条鱼。",
+                  "如果明天下雨我们就在家里看书和听音乐。"]
+    hypotheses = [references[0], "狗", references[2], "马"]
+    scores = score_by_length(sources, hypotheses, references, "zh", LENGTH_BUCKETS)
+    assert scores["bleu_le6w"] == 100.0 and scores["chrf_le6w"] == 100.0
+    assert scores["bleu_ge10w"] == 0.0
+    assert scores["sentences_le6w"] == 2 and scores["sentences_ge10w"] == 2
+    assert not any(key.endswith("7to9w") for key in scores)  # empty, not a score of zero
