@@ -184,7 +184,9 @@ def main(
     num_proc = cfg.num_proc or os.cpu_count() or 1
     params = {"pair": pair.model_dump(), "tokenize": cfg.model_dump()}
     with tracking.stage_run("tokenize", params, deps=[split_dir]) as run:
-        run.log_datasets(split_dir, {name: "tokenization" for name in ("train", "valid", "test")})
+        # the text as split; the parent run lists the token ids the model saw instead
+        run.log_datasets(split_dir, dict.fromkeys(("train", "valid", "test"), "tokenization"),
+                         on_parent=False)
         write_tokenizers(split_dir, pair, cfg, tokenizer_dir)
         splits = load_from_disk(str(split_dir))
         tok = load_tokenizers(tokenizer_dir)

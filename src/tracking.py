@@ -53,7 +53,8 @@ class NullRun:
     def log_table(self, data: dict[str, list], artifact_file: str) -> None: ...
     def log_dict(self, data: dict, artifact_file: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
-    def log_datasets(self, data_dir: Path, contexts: dict[str, str]) -> None: ...
+    def log_datasets(self, data_dir: Path, contexts: dict[str, str],
+                     on_parent: bool = True) -> None: ...
     def log_model(self, log: Callable[[], str]) -> str | None: ...
 
     @property
@@ -107,9 +108,10 @@ HTTP_DEFAULTS = {
 
 
 class MlflowRun(NullRun):
-    def __init__(self, client, run_id: str):
+    def __init__(self, client, run_id: str, parent_id: str | None = None):
         self._client = client
         self._run_id = run_id
+        self._parent_id = parent_id
 
     @property
     def run_id(self) -> str:
@@ -152,19 +154,27 @@ class MlflowRun(NullRun):
         mlflow.set_tags(tags)
 
     @best_effort
-    def log_datasets(self, data_dir: Path, contexts: dict[str, str]) -> None:
+    def log_datasets(self, data_dir: Path, contexts: dict[str, str],
+                     on_parent: bool = True) -> None:
         """Log parts of the DatasetDict at `data_dir` as dataset inputs, e.g.
         {"train": "training", "valid": "validation"}; the digest is the DVC hash of `data_dir`
-        under `dvc repro`, else MLflow's own digest of the rows."""
+        under `dvc repro`, else MLflow's own digest of the rows. With `on_parent`, the repro's
+        parent run gets them too, so the runs table shows the data without expanding a repro.
+        """
         import mlflow.data
         from datasets import load_from_disk
+        from mlflow.entities import DatasetInput, InputTag
 
         splits = load_from_disk(str(data_dir))
         digest = dvc_hash(data_dir)
+        inputs = []
         for name, context in contexts.items():
             dataset = mlflow.data.from_huggingface(
                 splits[name], name=name, digest=digest, source=Path(data_dir).resolve().as_uri())
-            mlflow.log_input(dataset, context=context)
+            inputs.append(DatasetInput(dataset._to_mlflow_entity(),
+                                       [InputTag("mlflow.data.context", context)]))
+        for run_id in filter(None, (self._run_id, self._parent_id if on_parent else None)):
+            self._client.log_inputs(run_id, datasets=inputs)
 
     @best_effort
     def log_model(self, log: Callable[[], str]) -> str:
@@ -309,7 +319,7 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
     client, run, parent = opened
     status = "FAILED"
     try:
-        yield MlflowRun(client, run.info.run_id)
+        yield MlflowRun(client, run.info.run_id, parent)
         status = "FINISHED"
     finally:
         _finish(mlflow, client, parent, status)

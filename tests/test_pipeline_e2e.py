@@ -210,6 +210,10 @@ def test_runs_record_the_data_they_used(project):
     assert inputs("export") == {"test": (tokenized, "evaluation")}
     assert {name: digest for name, (digest, _) in inputs("tokenize").items()} == {
         name: outs["data/split"] for name in ("train", "valid", "test")}
+    # the parent run of the repro lists them all, so the runs table shows them unexpanded
+    parent = next(r for r in runs if r.data.tags.get("kind") == "repro")
+    assert {(d.dataset.name, d.dataset.digest) for d in parent.inputs.dataset_inputs} == {
+        ("train", tokenized), ("valid", tokenized), ("test", tokenized)}
 
 
 
