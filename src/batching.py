@@ -129,6 +129,13 @@ class Ragged:
     def tolist(self) -> list[list[int]]:
         return [self[i].tolist() for i in range(len(self))]
 
+    @classmethod
+    def from_rows(cls, rows: list[list[int]]) -> Ragged:
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=offsets[1:])
+        values = np.fromiter((i for r in rows for i in r), dtype=np.int32, count=offsets[-1])
+        return cls(values, offsets)
+
 
 def ragged_column(column) -> Ragged:
     """A list<int> Arrow column (memory-mapped, any number of chunks) as a Ragged array."""

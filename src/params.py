@@ -124,6 +124,9 @@ class TrainParams(Section):
     schedule: Literal["inverse_sqrt", "cosine"]
     weight_decay: float = Field(ge=0)
     label_smoothing: float = Field(ge=0, lt=1)
+    # extra pairs per epoch, as a fraction of the corpus, each joining two random training
+    # pairs (concatenation augmentation: length and position variety); 0: off
+    concat_ratio: float = Field(ge=0, le=4)
     clip_norm: float = Field(ge=0)  # 0: no clipping
     max_minutes: float = Field(ge=0)  # training-time budget (validation excluded); 0: none
     # What ranks epochs for early stopping, best.pt and averaging: greedy BLEU on the valid split

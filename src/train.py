@@ -36,6 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from src import checkpoint, distributed, failpoints, paths, tracking
 from src.atomic import atomic_path
+from src.augment import TrainingCorpus
 from src.batching import (
     Batch,
     batches_per_step,
@@ -245,7 +246,7 @@ def progress_bar(show: bool = True) -> Progress:
 
 def run_training(
     trainer: Trainer,
-    train_data,
+    corpus: TrainingCorpus,
     score_valid: ValidScorer,
     run,
     max_positions: int,
@@ -256,16 +257,16 @@ def run_training(
     selection = EpochSelection(trainer.store.dir, st, cfg.average_last, cfg.patience,
                                write=world.is_main)
     selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
-    sources, targets = train_data
-    src_lens, tgt_lens = sources.lengths(), targets.lengths()
-    # what each sentence puts in tgt_out (clipped, + EOS): the loss normaliser of a step
-    target_tokens = np.minimum(tgt_lens, max_positions - 1) + 1
     span = batches_per_step(cfg.accumulation_steps, world.size)
     window_tokens, window_start = 0, time.perf_counter()
     with progress_bar(show=world.is_main) as bar:
         say = bar.console.print if world.is_main else (lambda *a, **k: None)
         task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
         while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
+            pairs = corpus.epoch(st.epoch)
+            src_lens, tgt_lens = pairs.lengths()
+            # what each sentence puts in tgt_out (clipped, + EOS): the loss normaliser of a step
+            target_tokens = np.minimum(tgt_lens, max_positions - 1) + 1
             epoch_batches = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + st.epoch)
             usable = min(len(epoch_batches),
                          steps_in_epoch(len(epoch_batches), cfg.accumulation_steps,
@@ -281,7 +282,7 @@ def run_training(
             while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
                 group = epoch_batches[st.batch_in_epoch : st.batch_in_epoch + span]
                 batches = [
-                    make_batch([sources[i] for i in idx], [targets[i] for i in idx],
+                    make_batch([pairs.source(i) for i in idx], [pairs.target(i) for i in idx],
                                max_positions)
                     for idx in rank_share(group, world.rank, world.size)
                 ]
@@ -420,7 +421,7 @@ def train(
     tokenizers = load_tokenizers(tokenizer_dir)
     check_encoded_with(data_dir, tokenizer_dir)
     target_lang, shared_vocab = tokenizers.target_lang, tokenizers.shared_vocab
-    train_data = load_encoded(data_dir, "train")
+    corpus = TrainingCorpus(load_encoded(data_dir, "train"), cfg.seed, cfg.concat_ratio)
     valid_data = tuple(side.tolist() for side in load_encoded(data_dir, "valid"))
     config = model_config(
         model_params, tokenizers.source_vocab, tokenizers.target_vocab, shared_vocab
@@ -429,8 +430,8 @@ def train(
     if world.distributed:
         torch.manual_seed(cfg.seed + world.rank)  # same initial weights, own dropout masks
     params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
-    n_batches = len(token_batches(train_data[0].lengths(), train_data[1].lengths(),
-                                  cfg.max_tokens, cfg.seed))
+    n_batches = len(token_batches(*corpus.epoch(0).lengths(), cfg.max_tokens,
+                                  cfg.seed))
     steps_per_epoch = steps_in_epoch(n_batches, cfg.accumulation_steps, world.size)
     if steps_per_epoch == 0:
         raise PipelineError(
@@ -448,7 +449,7 @@ def train(
     global_batch = cfg.max_tokens * batches_per_step(cfg.accumulation_steps, world.size)
     if world.is_main:
         print(
-            f"train: {n_params:,} parameters, {len(train_data[0]):,} pairs, "
+            f"train: {n_params:,} parameters, {len(corpus.ids[0]):,} pairs, "
             f"~{steps_per_epoch:,} steps/epoch on {device}, {world.size} rank(s) x "
             f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
             f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} ranks)"
@@ -461,7 +462,7 @@ def train(
         run.log_metrics({"n_parameters": n_params, "threads": threads,
                          "world_size": world.size, "global_batch_tokens": global_batch})
         selection = run_training(
-            trainer, train_data, score_valid, run, model.max_positions, checkpoint_every_steps
+            trainer, corpus, score_valid, run, model.max_positions, checkpoint_every_steps
         )
         if not world.is_main:
             return

@@ -96,6 +96,7 @@ def train_cfg(**overrides):
         schedule="inverse_sqrt",
         weight_decay=0.0,
         label_smoothing=0.1,
+        concat_ratio=0.0,
         clip_norm=1.0,
         max_minutes=0,
         select_by="loss",

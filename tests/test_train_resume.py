@@ -190,3 +190,26 @@ def test_tokenized_data_from_another_tokenizer_is_refused(tokenized_root, tmp_pa
     meta = root / "models/tokenizer/tokenizer.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "note": "another run"}))
     assert_one_line_error(run_stage(root, "train"), "was not encoded with the tokenizer")
+
+
+def test_augmented_training_takes_more_pairs_and_resumes_bitwise(tokenized_root, uninterrupted,
+                                                                  tmp_path):
+    """Joined pairs (drawn from seed and epoch) lengthen each epoch, change what is learnt,
+    and a killed run still resumes to the same weights."""
+    def augmented(name: str):
+        root = fresh_copy(tokenized_root, tmp_path / name)
+        params = (root / "params.yaml").read_text()
+        (root / "params.yaml").write_text(params.replace("concat_ratio: 0.0", "concat_ratio: 0.5"))
+        return root
+
+    clean = augmented("clean")
+    assert train(clean).returncode == 0
+    assert steps_per_epoch(clean) > 1.3 * steps_per_epoch(uninterrupted)
+    assert not torch.equal(weights(clean)["generator.weight"],
+                           weights(uninterrupted)["generator.weight"])
+    killed = augmented("killed")
+    assert train(killed, "after_periodic_save:3").returncode == 137
+    resumed = train(killed)
+    assert resumed.returncode == 0, resumed.stderr
+    expected, got = weights(clean), weights(killed)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)

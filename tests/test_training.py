@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import train_cfg
 
 from src import checkpoint
-from src.batching import make_batch, token_batches
+from src.augment import EpochPairs, TrainingCorpus, joined_pairs
+from src.batching import Ragged, make_batch, token_batches
 from src.errors import PipelineError
 from src.model import ModelConfig, Transformer
 from src.resume import TrainState
@@ -39,6 +41,38 @@ def test_token_batches_respect_budget_and_cover_everything():
         assert len(b) == 1 or len(b) * width <= 120
     assert batches == token_batches(src_lens, tgt_lens, max_tokens=120, seed=3)
     assert batches != token_batches(src_lens, tgt_lens, max_tokens=120, seed=4)
+
+
+def ragged(rows: list[list[int]]) -> Ragged:
+    return Ragged.from_rows(rows)
+
+
+def test_concatenation_joins_two_other_pairs_on_both_sides():
+    sources = ragged([[10, 11], [12], [13, 14, 15], [16], [17, 18]])
+    targets = ragged([[20], [21, 22], [23], [24, 25], [26]])
+    joined = joined_pairs(5, 0.4, (0, 0))
+    assert joined.shape == (2, 2) and all(a != b for a, b in joined)
+    pairs = EpochPairs(sources, targets, joined)
+    assert len(pairs) == 7
+    assert pairs.source(1).tolist() == [12] and pairs.target(3).tolist() == [24, 25]
+    for k, (a, b) in enumerate(joined.tolist()):
+        assert pairs.source(5 + k).tolist() == sources[a].tolist() + sources[b].tolist()
+        assert pairs.target(5 + k).tolist() == targets[a].tolist() + targets[b].tolist()
+    src_lens, tgt_lens = pairs.lengths()
+    assert src_lens.tolist() == [len(pairs.source(i)) for i in range(7)]
+    assert tgt_lens.tolist() == [len(pairs.target(i)) for i in range(7)]
+
+
+def test_concatenation_is_drawn_afresh_each_epoch_from_the_seed():
+    data = (ragged([[i] for i in range(200)]), ragged([[i] for i in range(200)]))
+    corpus = TrainingCorpus(data, seed=0, concat_ratio=0.5)
+    first = corpus.epoch(0).joined
+    assert len(first) == 100
+    assert np.array_equal(first, corpus.epoch(0).joined)  # a resume sees the same
+    assert not np.array_equal(first, corpus.epoch(1).joined)
+    # off: the corpus alone, so the default run's batches are exactly as before
+    plain = TrainingCorpus(data, seed=0).epoch(0)
+    assert len(plain) == 200 and np.array_equal(plain.lengths()[0], data[0].lengths())
 
 
 def test_inverse_sqrt_schedule_hand_values():
