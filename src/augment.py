@@ -1,9 +1,18 @@
-"""What one epoch trains on: the corpus, and pairs joined from it.
+"""What one epoch trains on: the corpus, with subwords re-sampled and pairs joined from it.
 
-**Concatenation augmentation** (`train.concat_ratio`, off at 0): extra pairs that join two
-random training pairs on both sides (`EpochPairs`), drawn afresh each epoch from
+Two data-side regularisers for small corpora, each off at 0 and drawn afresh each epoch from
 (train.seed, epoch), so a resumed run and every data-parallel rank see the same pairs. Only
-the train split is ever joined.
+the train split is ever changed; valid, test and inference keep the best segmentation.
+
+* **Subword regularisation** (`train.subword_alpha`; Kudo, ACL 2018): each epoch every
+  training sentence takes one of its NBEST most likely SentencePiece segmentations, with
+  probability proportional to P(segmentation)^alpha, so the model sees "friend" as ▁friend
+  one epoch and ▁f r i en d another. The candidates are listed once per run; the draw uses our
+  own seeded generator, because SentencePiece's built-in sampling (`enable_sampling`) differs
+  from process to process whatever seed it is given, which would break exact resume and make
+  data-parallel ranks disagree.
+* **Concatenation augmentation** (`train.concat_ratio`): extra pairs that join two random
+  training pairs on both sides (`EpochPairs`).
 """
 
 from __future__ import annotations
@@ -13,6 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from src.batching import Ragged
+
+# Segmentation candidates per sentence (Kudo's l-best sampling, l = 32): short sentences have
+# fewer, and 32 lists the alternatives that carry nearly all the probability mass.
+NBEST = 32
 
 
 def joined_pairs(n_pairs: int, ratio: float, seed: tuple[int, ...]) -> np.ndarray:
@@ -65,14 +78,64 @@ class EpochPairs:
 
 
 @dataclass
+class Segmentations:
+    """Each sentence's candidate segmentations and their log-probabilities (one list per run).
+
+    Candidate c is values[offsets[c]:offsets[c + 1]] with log-probability scores[c]; sentence
+    i owns candidates first[i] to first[i + 1] - 1.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+    scores: np.ndarray
+    first: np.ndarray
+
+    @classmethod
+    def of(cls, processor, texts: list[str], nbest: int = NBEST) -> Segmentations:
+        rows, scores, counts = [], [], []
+        for start in range(0, len(texts), 10_000):  # protos of a chunk at a time
+            for sentence in processor.nbest_encode(texts[start:start + 10_000],
+                                                   return_type="proto", nbest_size=nbest):
+                counts.append(max(len(sentence.nbests), 1))
+                for candidate in sentence.nbests:
+                    rows.append([piece.id for piece in candidate.pieces])
+                    scores.append(candidate.score)
+                if not sentence.nbests:  # an empty sentence: its one segmentation is empty
+                    rows.append([])
+                    scores.append(0.0)
+        ragged = Ragged.from_rows(rows)
+        first = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=first[1:])
+        return cls(ragged.values, ragged.offsets, np.asarray(scores, dtype=np.float64), first)
+
+    def sample(self, alpha: float, rng: np.random.Generator) -> Ragged:
+        """One candidate per sentence, P ∝ exp(alpha × score), by the Gumbel-max trick."""
+        keys = alpha * self.scores + rng.gumbel(size=len(self.scores))
+        owner = np.repeat(np.arange(len(self.first) - 1), np.diff(self.first))
+        # candidates sorted by (sentence, key): each sentence's last one has the largest key
+        order = np.lexsort((keys, owner))
+        chosen = order[self.first[1:] - 1]
+        lengths = np.diff(self.offsets)[chosen]
+        offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        take = np.repeat(self.offsets[chosen] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Ragged(self.values[take], offsets)
+
+
+@dataclass
 class TrainingCorpus:
     """The training split, and how each epoch varies it."""
 
-    ids: tuple[Ragged, Ragged]  # the tokenize stage's ids
+    ids: tuple[Ragged, Ragged]  # the tokenize stage's ids (best segmentation)
     seed: int
     concat_ratio: float = 0.0
+    subword_alpha: float = 0.0
+    candidates: tuple[Segmentations, Segmentations] | None = None  # for subword_alpha > 0
 
     def epoch(self, epoch: int) -> EpochPairs:
         sources, targets = self.ids
+        if self.subword_alpha > 0:
+            rng = np.random.default_rng((self.seed, epoch, 1))
+            sources, targets = (side.sample(self.subword_alpha, rng) for side in self.candidates)
         return EpochPairs(sources, targets,
                           joined_pairs(len(sources), self.concat_ratio, (self.seed, epoch)))

@@ -127,6 +127,9 @@ class TrainParams(Section):
     # extra pairs per epoch, as a fraction of the corpus, each joining two random training
     # pairs (concatenation augmentation: length and position variety); 0: off
     concat_ratio: float = Field(ge=0, le=4)
+    # subword regularisation: each epoch a training sentence takes one of its 32 best
+    # SentencePiece segmentations, P ∝ P(seg)^alpha (0.1-0.5 typical); 0: the best one always
+    subword_alpha: float = Field(ge=0, le=1)
     clip_norm: float = Field(ge=0)  # 0: no clipping
     max_minutes: float = Field(ge=0)  # training-time budget (validation excluded); 0: none
     # What ranks epochs for early stopping, best.pt and averaging: greedy BLEU on the valid split

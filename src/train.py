@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from src import checkpoint, distributed, failpoints, paths, tracking
 from src.atomic import atomic_path
-from src.augment import TrainingCorpus
+from src.augment import Segmentations, TrainingCorpus
 from src.batching import (
     Batch,
     batches_per_step,
@@ -75,6 +75,19 @@ def lr_factor(step: int, cfg: TrainParams, total_steps: int) -> float:
         return math.sqrt(max(cfg.warmup_steps, 1) / (step + 1)) if cfg.warmup_steps else 1.0
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def training_corpus(data_dir: Path, cfg: TrainParams, tokenizers) -> TrainingCorpus:
+    """The train split's ids, and with subword sampling each sentence's segmentations."""
+    corpus = TrainingCorpus(load_encoded(data_dir, "train"), cfg.seed, cfg.concat_ratio,
+                            cfg.subword_alpha)
+    if cfg.subword_alpha > 0:
+        from datasets import load_from_disk
+
+        part = load_from_disk(str(data_dir))["train"]
+        corpus.candidates = (Segmentations.of(tokenizers.source, list(part["source"])),
+                             Segmentations.of(tokenizers.target, list(part["target"])))
+    return corpus
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -421,7 +434,7 @@ def train(
     tokenizers = load_tokenizers(tokenizer_dir)
     check_encoded_with(data_dir, tokenizer_dir)
     target_lang, shared_vocab = tokenizers.target_lang, tokenizers.shared_vocab
-    corpus = TrainingCorpus(load_encoded(data_dir, "train"), cfg.seed, cfg.concat_ratio)
+    corpus = training_corpus(data_dir, cfg, tokenizers)
     valid_data = tuple(side.tolist() for side in load_encoded(data_dir, "valid"))
     config = model_config(
         model_params, tokenizers.source_vocab, tokenizers.target_vocab, shared_vocab

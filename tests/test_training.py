@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers import train_cfg
 
 from src import checkpoint
-from src.augment import EpochPairs, TrainingCorpus, joined_pairs
+from src.augment import EpochPairs, Segmentations, TrainingCorpus, joined_pairs
 from src.batching import Ragged, make_batch, token_batches
 from src.errors import PipelineError
 from src.model import ModelConfig, Transformer
@@ -73,6 +73,58 @@ def test_concatenation_is_drawn_afresh_each_epoch_from_the_seed():
     # off: the corpus alone, so the default run's batches are exactly as before
     plain = TrainingCorpus(data, seed=0).epoch(0)
     assert len(plain) == 200 and np.array_equal(plain.lengths()[0], data[0].lengths())
+
+
+def test_segmentations_are_drawn_by_probability_to_the_power_alpha():
+    # sentence 0: candidates [5] (log p -1) and [6, 7] (log p -3); sentence 1: only [8, 9]
+    seg = Segmentations(values=np.array([5, 6, 7, 8, 9], np.int32),
+                        offsets=np.array([0, 1, 3, 5]), scores=np.array([-1.0, -3.0, -2.0]),
+                        first=np.array([0, 2, 3]))
+    rng = np.random.default_rng(0)
+    draws = [seg.sample(0.5, rng).tolist() for _ in range(4000)]
+    assert all(d[1] == [8, 9] for d in draws)
+    share = sum(d[0] == [5] for d in draws) / len(draws)
+    expected = 1 / (1 + math.exp(0.5 * -3.0 - 0.5 * -1.0))  # e^-0.5 / (e^-0.5 + e^-1.5)
+    assert abs(share - expected) < 0.03
+    assert all(seg.sample(50.0, rng).tolist()[0] == [5] for _ in range(50))  # ~ always best
+
+
+def test_subword_sampling_redraws_each_epoch_the_same_way_in_any_process(tmp_path):
+    import subprocess
+    import sys
+
+    import sentencepiece as spm
+
+    from src.subword import train_spm
+
+    text = ["the quick brown fox jumps over the lazy dog", "a friend in need is a friend indeed",
+            "she sells sea shells by the sea shore", "peter piper picked a peck of peppers"]
+    model = train_spm(text * 50, vocab_size=60, model_type="unigram", character_coverage=1.0,
+                      byte_fallback=False, seed=0)
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    best = ragged(sp.encode(text))
+    candidates = Segmentations.of(sp, text)
+    corpus = TrainingCorpus((best, best), seed=0, subword_alpha=0.2,
+                            candidates=(candidates, candidates))
+    first, again, second = corpus.epoch(0), corpus.epoch(0), corpus.epoch(1)
+    rows = [first.source(i).tolist() for i in range(4)]
+    assert [sp.decode(r) for r in rows] == text  # the same sentences, other pieces
+    assert rows != best.tolist()
+    assert rows == [again.source(i).tolist() for i in range(4)]
+    assert rows != [second.source(i).tolist() for i in range(4)]
+    assert [first.target(i).tolist() for i in range(4)] != rows  # each side its own draw
+    # another process draws the same (SentencePiece's own sampling would not)
+    (tmp_path / "spm.model").write_bytes(model)
+    code = ("import sentencepiece as spm, sys; from src.augment import Segmentations, "
+            "TrainingCorpus; from src.batching import Ragged\n"
+            f"text = {text!r}\n"
+            f"sp = spm.SentencePieceProcessor(model_file={str(tmp_path / 'spm.model')!r})\n"
+            "c = Segmentations.of(sp, text); best = Ragged.from_rows(sp.encode(text))\n"
+            "e = TrainingCorpus((best, best), 0, 0.0, 0.2, (c, c)).epoch(0)\n"
+            "print([e.source(i).tolist() for i in range(4)])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, check=True).stdout
+    assert out.strip() == str(rows)
 
 
 def test_inverse_sqrt_schedule_hand_values():
