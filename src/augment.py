@@ -13,6 +13,9 @@ the train split is ever changed; valid, test and inference keep the best segment
   data-parallel ranks disagree.
 * **Concatenation augmentation** (`train.concat_ratio`): extra pairs that join two random
   training pairs on both sides (`EpochPairs`).
+
+And one regulariser per step: **target word dropout** (`train.target_word_dropout`), which
+hides decoder-input tokens behind <unk> (`drop_target_words`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from src.batching import Ragged
+from src.subword import EOS, UNK
 
 # Segmentation candidates per sentence (Kudo's l-best sampling, l = 32): short sentences have
 # fewer, and 32 lists the alternatives that carry nearly all the probability mass.
@@ -139,3 +144,15 @@ class TrainingCorpus:
             sources, targets = (side.sample(self.subword_alpha, rng) for side in self.candidates)
         return EpochPairs(sources, targets,
                           joined_pairs(len(sources), self.concat_ratio, (self.seed, epoch)))
+
+
+def drop_target_words(tgt_in: torch.Tensor, p: float) -> torch.Tensor:
+    """Decoder inputs with each subword replaced by <unk> with probability `p` (BOS and PAD
+    kept), so the decoder leans less on its own history and more on the source (target word
+    dropout; Sennrich & Zhang, ACL 2019; Araabi & Monz, COLING 2020). The labels are unchanged.
+    Draws from torch's generator, which last.pt saves, so a resumed run drops the same words.
+    """
+    if p <= 0:
+        return tgt_in
+    hide = (torch.rand(tgt_in.shape, device=tgt_in.device) < p) & (tgt_in > EOS)
+    return tgt_in.masked_fill(hide, UNK)

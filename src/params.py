@@ -130,6 +130,8 @@ class TrainParams(Section):
     # subword regularisation: each epoch a training sentence takes one of its 32 best
     # SentencePiece segmentations, P ∝ P(seg)^alpha (0.1-0.5 typical); 0: the best one always
     subword_alpha: float = Field(ge=0, le=1)
+    # probability that a decoder-input subword is replaced by <unk> in training; 0: off
+    target_word_dropout: float = Field(ge=0, lt=1)
     clip_norm: float = Field(ge=0)  # 0: no clipping
     max_minutes: float = Field(ge=0)  # training-time budget (validation excluded); 0: none
     # What ranks epochs for early stopping, best.pt and averaging: greedy BLEU on the valid split

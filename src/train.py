@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from src import checkpoint, distributed, failpoints, paths, tracking
 from src.atomic import atomic_path
-from src.augment import Segmentations, TrainingCorpus
+from src.augment import Segmentations, TrainingCorpus, drop_target_words
 from src.batching import (
     Batch,
     batches_per_step,
@@ -227,7 +227,8 @@ class Trainer:
             no_sync = self.loss.no_sync() if self.world.distributed and not last else nullcontext()
             with no_sync:
                 with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
-                    loss = self.loss(batch.src, batch.tgt_in, batch.tgt_out)
+                    tgt_in = drop_target_words(batch.tgt_in, self.cfg.target_word_dropout)
+                    loss = self.loss(batch.src, tgt_in, batch.tgt_out)
                 # Normalised by the target tokens of the whole global step, not per batch;
                 # DDP averages over ranks, so the world size scales the mean back to the sum.
                 self.scaler.scale(loss / max(n_target, 1) * self.world.size).backward()

@@ -98,6 +98,7 @@ def train_cfg(**overrides):
         label_smoothing=0.1,
         concat_ratio=0.0,
         subword_alpha=0.0,
+        target_word_dropout=0.0,
         clip_norm=1.0,
         max_minutes=0,
         select_by="loss",

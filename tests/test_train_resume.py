@@ -195,11 +195,13 @@ def test_tokenized_data_from_another_tokenizer_is_refused(tokenized_root, tmp_pa
 def test_augmented_training_takes_more_pairs_and_resumes_bitwise(tokenized_root, uninterrupted,
                                                                   tmp_path):
     """Joined pairs and re-sampled subwords (drawn from seed and epoch) lengthen each epoch,
-    change what is learnt, and a killed run still resumes to the same weights."""
+    change what is learnt, and a killed run (target word dropout on too) still resumes to the
+    same weights."""
     def augmented(name: str):
         root = fresh_copy(tokenized_root, tmp_path / name)
         params = (root / "params.yaml").read_text()
         params = params.replace("concat_ratio: 0.0", "concat_ratio: 0.5")
+        params = params.replace("target_word_dropout: 0.0", "target_word_dropout: 0.1")
         (root / "params.yaml").write_text(params.replace("subword_alpha: 0.0",
                                                          "subword_alpha: 0.2"))
         return root

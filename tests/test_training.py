@@ -12,13 +12,19 @@ import torch.nn.functional as F
 from helpers import train_cfg
 
 from src import checkpoint
-from src.augment import EpochPairs, Segmentations, TrainingCorpus, joined_pairs
+from src.augment import (
+    EpochPairs,
+    Segmentations,
+    TrainingCorpus,
+    drop_target_words,
+    joined_pairs,
+)
 from src.batching import Ragged, make_batch, token_batches
 from src.errors import PipelineError
 from src.model import ModelConfig, Transformer
 from src.resume import TrainState
 from src.selection import EpochSelection
-from src.subword import BOS, EOS, PAD
+from src.subword import BOS, EOS, PAD, UNK
 from src.train import lr_factor, out_of_budget
 from src.validation import token_loss
 
@@ -125,6 +131,18 @@ def test_subword_sampling_redraws_each_epoch_the_same_way_in_any_process(tmp_pat
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parent.parent, check=True).stdout
     assert out.strip() == str(rows)
+
+
+def test_target_word_dropout_hides_only_subwords_at_the_rate_asked():
+    tgt_in = torch.tensor([[BOS] + [10] * 999 + [PAD] * 1000])
+    torch.manual_seed(0)
+    dropped = drop_target_words(tgt_in, 0.3)
+    assert dropped[0, 0] == BOS and bool((dropped[0, 1000:] == PAD).all())
+    hidden = (dropped[0, 1:1000] == UNK).float().mean().item()
+    assert abs(hidden - 0.3) < 0.05 and bool(((dropped == 10) | (dropped == UNK))[0, 1:1000].all())
+    torch.manual_seed(0)
+    assert torch.equal(drop_target_words(tgt_in, 0.3), dropped)  # torch's RNG, as saved
+    assert drop_target_words(tgt_in, 0.0) is tgt_in
 
 
 def test_inverse_sqrt_schedule_hand_values():
