@@ -182,6 +182,7 @@ class ModelConfig:
     max_positions: int = 256
     tie_embeddings: bool = True  # output projection = target embedding
     share_source_embedding: bool = False  # source embedding too (one shared vocabulary)
+    decoder_layerdrop: float = 0.0  # training only: skip each decoder layer with this chance
 
 
 class Transformer(nn.Module):
@@ -227,7 +228,14 @@ class Transformer(nn.Module):
         tgt_mask = padding_mask(tgt_in) & causal_mask(t, tgt_in.device)  # (B, 1, T, T)
         y = self.tgt_embed(tgt_in)
         for layer in self.decoder:
-            y = layer(y, memory, src_mask, tgt_mask)
+            out = layer(y, memory, src_mask, tgt_mask)
+            if self.training and self.config.decoder_layerdrop > 0:
+                # LayerDrop (Fan, Grave & Joulin, ICLR 2020): the whole batch skips the layer.
+                # Computed and multiplied away rather than skipped, so every parameter stays in
+                # the graph (DDP expects a gradient for each, if only a zero).
+                keep = (torch.rand((), device=y.device) >= self.config.decoder_layerdrop)
+                out = y + keep.to(y.dtype) * (out - y)
+            y = out
         return self.dec_norm(y)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -276,6 +284,7 @@ def model_config(params, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> 
         max_positions=params.max_positions,
         tie_embeddings=params.tie_embeddings,
         share_source_embedding=params.tie_embeddings and shared_vocab,
+        decoder_layerdrop=params.decoder_layerdrop,
     )
 
 

@@ -103,6 +103,7 @@ class ModelParams(Section):
     pre_norm: bool
     max_positions: int = Field(gt=0)
     tie_embeddings: bool
+    decoder_layerdrop: float = Field(ge=0, lt=1)  # chance a decoder layer is skipped in training
 
     @model_validator(mode="after")
     def _heads_divide_width(self):

@@ -117,3 +117,24 @@ def test_source_padding_does_not_change_outputs():
     short = model(torch.tensor([[5, 6, 3]]), tgt)
     padded = model(torch.tensor([[5, 6, 3, PAD, PAD]]), tgt)
     assert torch.allclose(short, padded, atol=1e-5)
+
+
+def test_decoder_layerdrop_skips_whole_layers_in_training_only():
+    import dataclasses
+
+    model = tiny_model()
+    model.config = dataclasses.replace(model.config, decoder_layerdrop=0.9999)
+    src, tgt = torch.tensor([[5, 6, 3]]), torch.tensor([[2, 7, 8]])
+    memory, mask = model.encode(src)
+    skipped = model.dec_norm(model.tgt_embed(tgt))  # what no decoder layer at all gives
+    model.train()  # dropout is 0: only LayerDrop acts
+    hidden = model.decode(tgt, memory, mask)
+    assert torch.allclose(hidden, skipped, atol=1e-6)
+    hidden.sum().backward()
+    grads = [p.grad for p in model.decoder.parameters()]
+    assert all(g is not None and not g.any() for g in grads)  # in the graph, zero gradient
+    model.eval()
+    assert not torch.allclose(model.decode(tgt, memory, mask), skipped, atol=1e-3)
+    model.train()
+    model.config = dataclasses.replace(model.config, decoder_layerdrop=0.0)
+    assert torch.allclose(model.decode(tgt, memory, mask), model.eval().decode(tgt, memory, mask))
