@@ -79,8 +79,9 @@ def project(tmp_path_factory) -> Path:
     sh(root, "git", "init", "-q")
     sh(root, "git", "add", "-A")
     sh(root, "git", "commit", "-qm", "toy project")
-    # sample system metrics every second, so the seconds-long toy training gets some
-    sh(root, "dvc", "repro", env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"})
+    # MLflow samples system metrics every 10 s and logs none for a shorter run: sample every
+    # 0.1 s, so the toy training (a second or two) gets some
+    sh(root, "dvc", "repro", env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.1"})
     return root
 
 
