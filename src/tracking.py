@@ -7,8 +7,10 @@
   (derived from the dvc process that spawned them). The runs of one repro are nested under a
   parent run named `repro <time>`, so the UI shows them as one expandable group.
 * `NMT_TRACKING=off` disables tracking (unit tests, quick local runs).
-* The experiment is tagged as model training (`mlflow.experimentKind`), so MLflow 3's UI opens
-  it on its runs table rather than the GenAI overview.
+* The experiment is tagged as model training (`mlflow.experimentKind`). MLflow 3.17's UI
+  still opens on the view its "GenAI / Model training" switch holds (GenAI by default, kept in
+  the browser; `?workflowType=machine_learning` picks the runs table), so the README gives
+  that link; the tag is what other MLflow versions and tools read.
 * Each stage logs the data it read as MLflow dataset inputs (train/valid/test), with the DVC
   hash of that data as digest when it runs under DVC, so the runs table's Dataset column tells
   runs on different data apart. Training also samples CPU and memory as system metrics.
@@ -325,7 +327,7 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
         _finish(mlflow, client, parent, status)
 
 
-# MLflow 3's UI opens an experiment by its kind; untagged ones may land on the GenAI overview.
+# What this experiment is for, in MLflow 3's terms (see the module docstring for the UI).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
