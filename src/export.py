@@ -9,8 +9,12 @@ match token for token; beam top hypotheses in at least `export.min_beam_parity` 
 BLEU of the file on the whole test split. With `export.quantize`, models/model.int8.onnx (int8
 weights, quantized per subgraph) gets its own BLEU and speed.
 
-Writes models/model.onnx (a DVC out), models/model.int8.onnx (not a DVC out: DVC requires
-declared outs to exist, and this one is optional), models/export_metrics.json (BLEU, size and
+Each file gets a text-in, text-out twin (src/text_graph.py: SentencePiece inside the graph),
+checked to translate the parity sentences exactly as its generation model does.
+
+Writes models/model.onnx and models/model.text.onnx (DVC outs), models/model.int8.onnx and
+models/model.int8.text.onnx (not DVC outs: DVC requires declared outs to exist, and these are
+optional), models/export_metrics.json (BLEU, size and
 speed of each file: the DVC metrics) and models/export_stats.json (also parity, timings and the
 onnxruntime version). MLflow gets
 the text-in, text-out model of src/serving.py (both files and the tokenizer as artifacts),
@@ -29,7 +33,7 @@ import onnx
 import torch
 import typer
 
-from src import checkpoint, generation, onnx_graph, paths, tracking
+from src import checkpoint, generation, onnx_graph, paths, text_graph, tracking
 from src.atomic import atomic_path
 from src.batching import clip_source, pad
 from src.errors import PipelineError, require_file, run_cli
@@ -152,11 +156,32 @@ def verify(path: Path, model, sources: list[list[int]], cfg: ExportParams) -> di
     return result
 
 
+def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
+                sentences: list[str], cfg: ExportParams) -> float:
+    """The text model must translate every sentence exactly as its generation model run
+    through the tokenizer, batch for batch; returns 1.0 or raises PipelineError."""
+    threads = os.cpu_count() or 1
+    reference = generation.load_translator(generation_path, tokenizer_dir, "cpu", threads)
+    text = generation.load_translator(text_path, None, "cpu", threads)
+    encoded = [reference.encode(s, i + 1) for i, s in enumerate(sentences)]
+    mismatches = []
+    for idx in length_batches(encoded, cfg.batch_size):
+        want = reference.run([encoded[i] for i in idx], cfg.beam_size, None)
+        have = text.run([sentences[i] for i in idx])
+        mismatches += [f"test row {i}: {w!r} vs text model {h!r}"
+                       for i, w, h in zip(idx, want, have) if w != h]
+    if mismatches:
+        raise PipelineError(f"{text_path.name}: {len(mismatches)} of {len(sentences)} "
+                            f"sentences differ from {generation_path.name} run through the "
+                            f"tokenizer: " + "; ".join(mismatches[:SHOWN_MISMATCHES]))
+    return 1.0
+
+
 def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
-                   cfg: ExportParams) -> dict:
-    """Both files are written to temporary siblings, checked and scored, and only then moved
-    into place together: a failure (say, in the int8 check) leaves the old pair untouched,
-    never a new model.onnx beside a stale model.int8.onnx."""
+                   cfg: ExportParams, tokenizer_dir: Path) -> dict:
+    """Both files and their text twins are written to temporary siblings, checked and scored,
+    and only then moved into place together: a failure (say, in the int8 check) leaves the old
+    files untouched, never a new model.onnx beside a stale model.int8.onnx."""
     onnx_path, int8_path = paths_out
     result: dict = {}
     scores = {}
@@ -165,16 +190,25 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
         onnx.save(fp32, tmp)
         result.update(verify(tmp, model, list(part["source_ids"])[: cfg.parity_sentences], cfg))
         scores["fp32"] = score_file(tmp, model, tok, part, cfg)
+        written = {"fp32": tmp}
         if int8 is not None:
-            # entered last, so it is moved into place first, then model.onnx
-            tmp8 = stack.enter_context(atomic_path(int8_path))
+            # entered later, so it is moved into place first, then model.onnx
+            tmp8 = written["int8"] = stack.enter_context(atomic_path(int8_path))
             onnx.save(int8, tmp8)
             check_graph(tmp8)
             scores["int8"] = score_file(tmp8, model, tok, part, cfg)
             agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
             result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
-    if int8 is None:
-        int8_path.unlink(missing_ok=True)  # a stale int8 file would not match model.onnx
+        sentences = list(part["source"])[: cfg.parity_sentences]
+        for name, generation_tmp in written.items():
+            final = onnx_path if name == "fp32" else int8_path
+            text_tmp = stack.enter_context(atomic_path(paths.text_twin(final)))
+            text_graph.wrap_file(generation_tmp, tokenizer_dir, text_tmp)
+            result[f"{name}_text_parity"] = text_parity(generation_tmp, text_tmp,
+                                                        tokenizer_dir, sentences, cfg)
+    if int8 is None:  # stale int8 files would not match model.onnx
+        int8_path.unlink(missing_ok=True)
+        paths.text_twin(int8_path).unlink(missing_ok=True)
     for name, score in scores.items():
         score.pop("ids")
         result.update({f"{name}_{key}": value for key, value in score.items()})
@@ -228,7 +262,8 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         fp32, int8 = onnx_graph.build(model, metadata, cfg.opset,
                                       Path(work) if cfg.quantize else None)
         result = {"export_seconds": round(time.perf_counter() - start, 1)}
-        result.update(write_verified(fp32, int8, (onnx_path, int8_path), model, tok, part, cfg))
+        result.update(write_verified(fp32, int8, (onnx_path, int8_path), model, tok, part, cfg,
+                                     tokenizer_dir))
         result.update({"test_sentences": len(part), "onnxruntime": _ort_version()})
         write_report(result, stats, metrics, EXPORT_HEADLINE)
         files = [onnx_path] + ([int8_path] if int8 is not None else [])

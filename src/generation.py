@@ -13,8 +13,11 @@ search settings and the tokenizer fingerprints; `format` is `GRAPH_FORMAT`.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +26,10 @@ import numpy as np
 from src.errors import PipelineError
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
+# A text model (src/text_graph.py): `text` strings (B,) -> `translation` strings (B,), with
+# SentencePiece inside through the onnxruntime-extensions operators, around the same search.
+TEXT_FORMAT = "nmt-text-1"
+TEXT_INPUT, TEXT_OUTPUT = "text", "translation"
 SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
                  "length_penalty", "repetition_penalty"]
 METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
@@ -98,6 +105,34 @@ def providers_for(choice: str) -> list[str]:
     return [CUDA, CPU] if cuda_ok and choice in {"auto", "cuda"} else [CPU]
 
 
+def extensions_library() -> str | None:
+    """The onnxruntime-extensions operator library (SentencePiece ops of text models)."""
+    try:
+        import onnxruntime_extensions
+    except ImportError:
+        return None
+    return onnxruntime_extensions.get_library_path()
+
+
+@contextmanager
+def native_stderr_filtered(noise: tuple[str, ...] = ("precompiled_charsmap is empty",)):
+    """Drop known INFO lines that native code (SentencePiece inside onnxruntime-extensions)
+    writes straight to file descriptor 2 while a session loads; pass the rest through."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True):
+                if not any(text in line for text in noise):
+                    sys.stderr.write(line)
+
+
 def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_THREADS):
     import onnxruntime as ort
 
@@ -112,10 +147,16 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = severity
+    library = extensions_library()
+    if library is not None:  # text models need its operators; others ignore them
+        options.register_custom_ops_library(library)
     try:
-        session = ort.InferenceSession(str(model_path), options, providers=wanted)
+        with native_stderr_filtered():
+            session = ort.InferenceSession(str(model_path), options, providers=wanted)
     except Exception as exc:  # onnxruntime raises its own types for bad protobufs and graphs
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if library is None and "ai.onnx.contrib" in str(exc):
+            first = "it is a text model and needs `pip install onnxruntime-extensions`"
         raise PipelineError(f"cannot load model {model_path}: {first}") from None
     if choice == "cuda" and session.get_providers()[0] != CUDA:
         raise PipelineError("provider cuda: ONNX Runtime could not start CUDA "
@@ -209,16 +250,66 @@ class Translator:
         return out
 
 
+@dataclass
+class TextTranslator:
+    """A text model (`TEXT_FORMAT`): strings in, strings out, the search settings fixed at
+    export (its metadata says which); no tokenizer files and no sentencepiece needed."""
+
+    session: object
+    meta: dict[str, str]
+
+    @property
+    def default_beam(self) -> int:
+        return int(self.meta["beam_size"])
+
+    @property
+    def provider(self) -> str:
+        return self.session.get_providers()[0]
+
+    def run(self, lines: list[str]) -> list[str]:
+        text = np.array(lines, dtype=object)
+        return [str(t) for t in self.session.run([TEXT_OUTPUT], {TEXT_INPUT: text})[0]]
+
+    def check_search(self, beam: int | None, max_length: int | None) -> None:
+        """Refuse settings the file cannot honour (its search is fixed at export)."""
+        if beam not in (None, self.default_beam) or max_length:
+            raise PipelineError(f"a text model searches as exported (beam "
+                                f"{self.default_beam}, output length by ratio "
+                                f"{self.meta['max_length_ratio']}): use the generation model "
+                                f"(model.onnx) for --beam/--max-length, or write a text model "
+                                f"with other settings (python -m src.text_graph --help)")
+
+    def translate(self, lines: list[str], beam: int | None = None,
+                  max_length: int | None = None, batch_size: int = 32,
+                  first_line_no: int = 1) -> list[str]:
+        """As `Translator.translate`; batches are sorted by characters (no tokenizer here),
+        and a source longer than the model's limit is cut inside the graph, silently."""
+        self.check_search(beam, max_length)
+        out = [""] * len(lines)
+        order = sorted((i for i, line in enumerate(lines) if line.strip()),
+                       key=lambda i: len(lines[i]))
+        for start in range(0, len(order), batch_size):
+            idx = order[start: start + batch_size]
+            for i, text in zip(idx, self.run([lines[i] for i in idx])):
+                out[i] = text
+        return out
+
+
 def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provider: str = "auto",
                     threads: int = DEFAULT_THREADS,
-                    warn: Callable[[str], None] = warn_stderr) -> Translator:
+                    warn: Callable[[str], None] = warn_stderr) -> Translator | TextTranslator:
     """The model file, and the tokenizer beside it (`tokenizer/`) or in `tokenizer_dir`,
-    checked against the fingerprints recorded at export."""
-    import sentencepiece as spm
-
+    checked against the fingerprints recorded at export; a text model carries its own."""
     model_path = Path(model_path)
     session = open_session(model_path, provider, threads)
     meta = session.get_modelmeta().custom_metadata_map
+    if meta.get("format") == TEXT_FORMAT:
+        if tokenizer_dir is not None:
+            raise PipelineError(f"{model_path} is a text model with its tokenizer inside; "
+                                f"drop --tokenizer")
+        return TextTranslator(session, meta)
+    import sentencepiece as spm
+
     if meta.get("format") != GRAPH_FORMAT:
         raise PipelineError(f"{model_path} is not a translation model written by src.export "
                             f"(metadata format {meta.get('format')!r}, expected {GRAPH_FORMAT})")

@@ -4,6 +4,9 @@
     printf 'Hi.\\n\\nThanks!\\n' | python -m src.infer --onnx models/model.onnx   # stdin, per line
     python -m src.infer --onnx models/model.onnx --input en.txt --output zh.txt   # batched
 
+A text model (models/model.text.onnx, SentencePiece inside the graph) needs no tokenizer dir
+and searches as it was exported.
+
 Reads the model's metadata_props (special ids, limits, default beam, tokenizer fingerprints;
 the contract lives in src/generation.py, shared with export, the MLflow model and the
 benchmarks) and the SentencePiece models in `tokenizer/` beside the model, or --tokenizer.
@@ -21,16 +24,26 @@ import typer
 
 from src.atomic import write_text
 from src.errors import PipelineError, run_cli
-from src.generation import CPU, DEFAULT_THREADS, MAX_BEAM, Translator, load_translator
+from src.generation import (
+    CPU,
+    DEFAULT_THREADS,
+    MAX_BEAM,
+    TextTranslator,
+    Translator,
+    load_translator,
+)
 from src.text import iter_lines, read_lines
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
-def open_translator(onnx: Path, tokenizer: Path | None, provider: str,
-                    threads: int) -> Translator:
-    """The translator, with the provider that ran said on stderr."""
+def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: int,
+                    beam: int | None, max_length: int | None) -> Translator | TextTranslator:
+    """The translator, with the provider that ran said on stderr; a text model (strings in,
+    strings out) must be asked for the search it was written with."""
     translator = load_translator(onnx, tokenizer, provider, threads)
+    if isinstance(translator, TextTranslator):
+        translator.check_search(beam, max_length)
     ran = translator.provider
     print(f"infer: {ran}" + (f", {threads} threads" if ran == CPU else ""), file=sys.stderr)
     return translator
@@ -44,7 +57,9 @@ def stdin_lines():
 @app.command()
 def main(
     text: str = typer.Argument(None, help="Sentence to translate; '-' or none reads stdin."),
-    onnx: Path = typer.Option(Path("models/model.onnx"), help="Model written by src.export."),
+    onnx: Path = typer.Option(Path("models/model.onnx"),
+                              help="Model written by src.export: model.onnx, model.int8.onnx "
+                                   "or their text twins (*.text.onnx)."),
     tokenizer: Path = typer.Option(None, help="Tokenizer dir (default: tokenizer/ beside it)."),
     input_file: Path = typer.Option(None, "--input", help="Translate this file, in batches."),
     output_file: Path = typer.Option(None, "--output", help="Write translations here."),
@@ -63,7 +78,7 @@ def main(
         raise PipelineError("give either a sentence or --input FILE, not both")
     if input_file is not None and not input_file.is_file():
         raise PipelineError(f"input file not found: {input_file}")
-    translator = open_translator(onnx, tokenizer, provider, threads)
+    translator = open_translator(onnx, tokenizer, provider, threads, beam, max_length)
     beam = beam or translator.default_beam
     if input_file is not None:
         lines = list(read_lines(input_file))

@@ -41,3 +41,8 @@ ONNX_MODEL = MODELS / "model.onnx"
 EXPORT_METRICS = MODELS / "export_metrics.json"
 EXPORT_STATS = MODELS / "export_stats.json"
 ONNX_INT8_MODEL = MODELS / "model.int8.onnx"
+
+
+def text_twin(generation_model: Path) -> Path:
+    """Where export writes the text-in, text-out twin: model.onnx -> model.text.onnx."""
+    return generation_model.with_name(generation_model.name.removesuffix(".onnx") + ".text.onnx")

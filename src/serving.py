@@ -20,6 +20,7 @@ from typing import Any
 import mlflow.pyfunc
 
 from src.generation import DEFAULT_THREADS, MAX_BEAM, load_translator
+from src.paths import text_twin
 
 CANDIDATE = "candidate"
 MAX_CHARS = 5_000  # per sentence: the model reads at most a few hundred tokens of it anyway
@@ -121,6 +122,11 @@ def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
     artifacts = {"model": str(onnx_path), "tokenizer": str(tokenizer_dir)}
     if int8_path is not None and int8_path.exists():
         artifacts["model_int8"] = str(int8_path)
+    # the one-file text models, for clients that download the registered version and run it
+    # outside Python (predict itself runs model.onnx: it takes `beam` and `max_length`)
+    for key, path in (("model_text", onnx_path), ("model_int8_text", int8_path)):
+        if path is not None and text_twin(path).exists():
+            artifacts[key] = str(text_twin(path))
     info = mlflow.pyfunc.log_model(
         name="translator",
         python_model=str(Path(__file__).with_name("mlflow_model.py")),

@@ -134,6 +134,7 @@ def test_export_writes_a_verified_single_file(project):
     assert metrics["fp32_bleu"] == infer_bleu(project, project / "models/model.onnx")
     assert metrics["int8_bleu"] == infer_bleu(project, project / "models/model.int8.onnx")
     assert metrics["fp32_provider"] == "CPUExecutionProvider"
+    assert metrics["fp32_text_parity"] == metrics["int8_text_parity"] == 1.0
     for name in ("model.onnx", "model.int8.onnx"):
         path = project / "models" / name
         onnx.checker.check_model(str(path))
@@ -314,7 +315,8 @@ def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
     from src.subword import load_tokenizers
 
     models = project / "models"
-    old = {name: (models / name).read_bytes() for name in ("model.onnx", "model.int8.onnx")}
+    old = {name: (models / name).read_bytes() for name in (
+        "model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx")}
     model, _ = checkpoint.load_model(models / "model.pt")
     cfg = load_params(ExportParams, path=project / "params.yaml")
     part = load_from_disk(str(project / "data/tokenized"))["test"]
@@ -322,6 +324,86 @@ def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
     with pytest.raises(PipelineError, match="fails onnx.checker"):
         write_verified(onnx.load(str(models / "model.onnx")), broken_int8,
                        (models / "model.onnx", models / "model.int8.onnx"), model,
-                       load_tokenizers(models / "tokenizer"), part, cfg)
+                       load_tokenizers(models / "tokenizer"), part, cfg, models / "tokenizer")
     assert {name: (models / name).read_bytes() for name in old} == old
     assert not list(models.glob(".*.tmp"))
+
+
+# -- text in, text out (src/text_graph.py) ------------------------------------------------------
+TEXT_MODELS = {"model.text.onnx": "model.onnx", "model.int8.text.onnx": "model.int8.onnx"}
+
+
+def test_text_model_takes_strings_and_returns_strings(project):
+    model = onnx.load(str(project / "models/model.text.onnx"))
+    graph = model.graph
+    assert [(i.name, i.type.tensor_type.elem_type) for i in graph.input] == [
+        ("text", onnx.TensorProto.STRING)]
+    assert [(o.name, o.type.tensor_type.elem_type) for o in graph.output] == [
+        ("translation", onnx.TensorProto.STRING)]
+    ops = [n.op_type for n in graph.node]
+    assert ops[0] == "SentencepieceTokenizer" and "BeamSearch" in ops and "Loop" in ops
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["format"] == generation.TEXT_FORMAT and meta["beam_size"] == "3"
+
+
+@pytest.mark.parametrize("text_name", TEXT_MODELS)
+def test_text_model_translates_the_test_split_as_infer_does(project, text_name):
+    """Same file of sentences (plus a blank line), same translations, no tokenizer files."""
+    from datasets import load_from_disk
+
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])
+    lines = project / "text_parity.en"
+    lines.write_text("".join(s + "\n" for s in sources[:40] + [""] + sources[40:]),
+                     encoding="utf-8")
+    runs = {}
+    for name in (text_name, TEXT_MODELS[text_name]):
+        result = infer(project, "--input", str(lines), model=project / "models" / name)
+        assert result.returncode == 0, result.stderr
+        assert "precompiled_charsmap" not in result.stderr  # SentencePiece's INFO line, dropped
+        runs[name] = result.stdout.splitlines()
+    assert runs[text_name] == runs[TEXT_MODELS[text_name]]
+    assert runs[text_name][40] == "" and len(runs[text_name]) == len(sources) + 1
+
+
+def test_text_model_refuses_search_settings_it_does_not_have(project):
+    text = project / "models/model.text.onnx"
+    assert_one_line_error(infer(project, "Hello.", "--beam", "1", model=text),
+                          "a text model searches as exported")
+    assert_one_line_error(infer(project, "Hello.", "--tokenizer",
+                                str(project / "models/tokenizer"), model=text),
+                          "drop --tokenizer")
+
+
+def test_text_graph_cli_writes_a_greedy_twin(project, tmp_path):
+    greedy = tmp_path / "greedy.text.onnx"
+    result = run_stage(project, "text_graph", str(project / "models/model.onnx"),
+                       "--beam", "1", "--output", str(greedy))
+    assert result.returncode == 0, result.stderr
+    sentence = "She sees five rabbits."
+    want = infer(project, sentence, "--beam", "1")
+    got = infer(project, sentence, model=greedy)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout and got.stdout.strip()
+
+
+def test_text_parity_fails_when_the_text_model_decodes_differently(project, tmp_path):
+    """A text model wrapped with another target SentencePiece model must be refused."""
+    from src.errors import PipelineError
+    from src.export import text_parity
+    from src.params import ExportParams, load_params
+    from src.text_graph import wrap_file
+
+    models = project / "models"
+    other = tmp_path / "tokenizer"
+    other.mkdir()
+    (other / "source.model").write_bytes((models / "tokenizer/source.model").read_bytes())
+    pairs = toy_pairs()
+    (other / "target.model").write_bytes(train_spm(
+        [z[::-1] for _, z in pairs], vocab_size=120, model_type="unigram",
+        character_coverage=1.0, byte_fallback=False, seed=0))
+    wrong = tmp_path / "wrong.text.onnx"
+    wrap_file(models / "model.onnx", other, wrong)
+    cfg = load_params(ExportParams, path=project / "params.yaml")
+    with pytest.raises(PipelineError, match="differ from model.onnx"):
+        text_parity(models / "model.onnx", wrong, models / "tokenizer",
+                    [e for e, _ in pairs[:20]], cfg)
