@@ -154,6 +154,11 @@ def _fetch_http(url: str, sink: _Sink, timeout_s: float) -> None:
         try:
             if resp.status in (301, 302, 303, 307, 308) and resp.headers.get("Location"):
                 current = redirect_target(current, resp.headers["Location"])
+                # The next hop gets a fresh connection: a server may close this one right
+                # after the redirect, and reusing it races the close (without retries, a lost
+                # race failed the download under load; seen in tests with a busy CPU).
+                resp.release_conn()
+                pool.clear()
                 continue
             if resp.status != 200:
                 raise PipelineError(f"download failed: HTTP {resp.status} {resp.reason} for "

@@ -17,7 +17,8 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
 # import name -> distribution name, where they differ
-DISTRIBUTION = {"yaml": "pyyaml", "sklearn": "scikit-learn"}
+DISTRIBUTION = {"yaml": "pyyaml", "sklearn": "scikit-learn",
+                "onnxruntime_extensions": "onnxruntime-extensions"}
 # ONNX Runtime is one of two distributions by platform (see pyproject.toml's markers).
 ALTERNATIVES = {"onnxruntime": {"onnxruntime", "onnxruntime-gpu"}}
 # Packages torch's ONNX exporter imports on its own when src.onnx_graph calls it.
@@ -25,8 +26,12 @@ IMPORTED_BY_TORCH_EXPORT = {"onnxscript"}
 
 
 def declared() -> set[str]:
+    """Runtime dependencies, and the optional extras a module may need (`ctranslate2` for
+    src.to_ctranslate2, which says how to install it when it is missing); not `dev`."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return {Requirement(r).name.lower() for r in project["dependencies"]}
+    extras = [r for name, reqs in project["optional-dependencies"].items() if name != "dev"
+              for r in reqs]
+    return {Requirement(r).name.lower() for r in project["dependencies"] + extras}
 
 
 def third_party_imports(folder: Path) -> set[str]:

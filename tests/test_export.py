@@ -407,3 +407,31 @@ def test_text_parity_fails_when_the_text_model_decodes_differently(project, tmp_
     with pytest.raises(PipelineError, match="differ from model.onnx"):
         text_parity(models / "model.onnx", wrong, models / "tokenizer",
                     [e for e, _ in pairs[:20]], cfg)
+
+
+# -- the same weights in CTranslate2 (src/to_ctranslate2.py) --------------------------------------
+@pytest.mark.parametrize("beam", [1, 3])
+def test_ctranslate2_conversion_translates_as_our_model(project, tmp_path, beam):
+    """Converted weights + ct2_options: CTranslate2 gives our exact translations."""
+    import ctranslate2
+    import sentencepiece as spm
+    from datasets import load_from_disk
+
+    from src.to_ctranslate2 import convert, ct2_options, pieces
+
+    models = project / "models"
+    ct2_dir = convert(models / "model.pt", models / "tokenizer", tmp_path / "ct2")
+    sp = spm.SentencePieceProcessor(model_file=str(models / "tokenizer/target.model"))
+    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=1)
+    ours = generation.load_translator(models / "model.onnx", threads=1)
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:40]
+    want = ours.translate(sources, beam, batch_size=1)
+    got = []
+    for line in sources:
+        tokens = sp.encode(line, out_type=str) + ["</s>"]
+        new = generation.max_new_tokens(len(tokens), float(ours.meta["max_length_ratio"]),
+                                        int(ours.meta["max_output_tokens"]))
+        result = translator.translate_batch([tokens], **ct2_options(
+            pieces(sp), beam, new, float(ours.meta["length_penalty"])))
+        got.append(sp.decode(result[0].hypotheses[0]))
+    assert got == want and any(want)
