@@ -261,13 +261,20 @@ class Transformer(nn.Module):
         self, tokens: Tensor, cache: list[KV], cross: list[KV], src_mask: Tensor
     ) -> tuple[Tensor, list[KV]]:
         """tokens (B, 1) at position len(cache) -> next-token logits (B, V) and the grown cache."""
+        hidden, new_cache = self.decode_step_hidden(tokens, cache, cross, src_mask)
+        return self.generator(hidden), new_cache
+
+    def decode_step_hidden(
+        self, tokens: Tensor, cache: list[KV], cross: list[KV], src_mask: Tensor
+    ) -> tuple[Tensor, list[KV]]:
+        """`decode_step` up to the output projection: the normalised state (B, D)."""
         position = cache[0][0].shape[2]
         y = self.tgt_embed(tokens, offset=position)
         new_cache = []
         for layer, past, kv in zip(self.decoder, cache, cross):
             y, present = layer.step(y, past, kv, src_mask)
             new_cache.append(present)
-        return self.generator(self.dec_norm(y))[:, -1], new_cache
+        return self.dec_norm(y[:, -1]), new_cache
 
 
 def model_config(params, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> ModelConfig:

@@ -157,6 +157,39 @@ def test_metadata_and_inputs_follow_the_contract(project):
     assert [i.name for i in sess.get_inputs()] == generation.SEARCH_INPUTS  # ORT-standard
 
 
+def decoder_subgraph(path: Path) -> tuple[onnx.GraphProto, dict[str, list[int]]]:
+    """The BeamSearch node's decoder graph and the shapes of the initializers it can read."""
+    model = onnx.load(str(path))
+    search = next(n for n in model.graph.node if n.op_type == "BeamSearch")
+    decoder = next(a.g for a in search.attribute if a.name == "decoder")
+    shapes = {t.name: list(t.dims) for t in [*model.graph.initializer, *decoder.initializer]}
+    return decoder, shapes
+
+
+def test_projection_is_one_gemm_with_the_ban_as_bias(project):
+    """fp32: the tied projection reads the (V, D) embedding through Gemm transB (no transposed
+    copy, no per-step Transpose) and bans PAD/BOS/UNK with its bias: no op over the logits."""
+    decoder, shapes = decoder_subgraph(project / "models/model.onnx")
+    gemms = [n for n in decoder.node if n.op_type == "Gemm"]
+    assert len(gemms) == 1 and len(gemms[0].input) == 3
+    assert not [n for n in decoder.node if n.op_type == "Transpose" and n.input[0] in shapes]
+    assert not [n for n in decoder.node if n.op_type in ("Where", "Gather")
+                and n.input[0] == gemms[0].output[0]]
+
+
+def test_int8_decoder_multiplies_every_weight_in_integers(project):
+    """Before: the tied projection stayed an fp32 MatMul fed by dequantizing the whole (V, D)
+    table at every step, the int8 decoder's slowest node."""
+    decoder, shapes = decoder_subgraph(project / "models/model.int8.onnx")
+    float_products = [n.name for n in decoder.node if n.op_type in ("MatMul", "Gemm")
+                      and n.input[1] in shapes and len(shapes[n.input[1]]) == 2]
+    assert float_products == []
+    # per layer: self-attention q, k, v, out; cross q, out; FFN 2 (x 2 layers); projection
+    assert sum(n.op_type == "MatMulInteger" for n in decoder.node) == (4 + 2 + 2) * 2 + 1
+    dequantized = [n.input[0] for n in decoder.node if n.op_type == "DequantizeLinear"]
+    assert not set(dequantized) & set(shapes)  # only gathered rows, never a whole table
+
+
 def test_greedy_and_beam_match_pytorch_in_every_batch_shape(project):
     """Same tokens as src.search on mixed lengths, single rows and odd batch sizes."""
     model, _ = checkpoint.load_model(project / "models/model.pt")
