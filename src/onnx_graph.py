@@ -161,7 +161,10 @@ def gemm_weights_as_matmul(graph: onnx.GraphProto) -> None:
     suits fp32 (no transposed copy). The dynamic int8 quantizer only makes MatMuls integer: left
     a Gemm, the projection (the largest matrix) stayed fp32 behind a dequantized table (the
     slowest node of the int8 decoder in ORT's profile). Stored transposed, it becomes an integer
-    MatMul of its own int8 weights (+ V x D bytes in the int8 file).
+    MatMul of its own int8 weights (+ V x D bytes in the int8 file). When the only reader of the
+    Gemm unsqueezes it (the (B, V) logits into the (B, 1, V) output), the small input is
+    unsqueezed instead, so the fused int8 MatMul + bias writes the output itself (the copy of
+    every logit was ~5% of the int8 decoder's time).
     """
     tensors = {t.name: t for t in graph.initializer}
     for node in list(graph.node):
@@ -174,12 +177,20 @@ def gemm_weights_as_matmul(graph: onnx.GraphProto) -> None:
         transposed = f"{node.input[1]}_transposed"
         graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T),
                                                          transposed))
+        readers = [n for n in graph.node if node.output[0] in n.input]
+        unsqueeze = readers[0] if len(readers) == 1 and readers[0].op_type == "Unsqueeze" \
+            and readers[0].input[0] == node.output[0] else None
+        source, output, replacement = node.input[0], node.output[0], []
+        if unsqueeze is not None:
+            source, output = f"{node.input[0]}_unsqueezed", unsqueeze.output[0]
+            replacement.append(helper.make_node("Unsqueeze", [node.input[0],
+                                                              unsqueeze.input[1]], [source]))
+            graph.node.remove(unsqueeze)
         has_bias = len(node.input) > 2 and node.input[2]
-        product = f"{node.output[0]}_product" if has_bias else node.output[0]
-        replacement = [helper.make_node("MatMul", [node.input[0], transposed], [product])]
+        product = f"{node.output[0]}_product" if has_bias else output
+        replacement.append(helper.make_node("MatMul", [source, transposed], [product]))
         if has_bias:
-            replacement.append(helper.make_node("Add", [product, node.input[2]],
-                                                [node.output[0]]))
+            replacement.append(helper.make_node("Add", [product, node.input[2]], [output]))
         position = list(graph.node).index(node)
         graph.node.remove(node)
         for offset, new_node in enumerate(replacement):
