@@ -110,11 +110,14 @@ def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
             "mismatches": mismatches}
 
 
-def translate(session, sources: list[list[int]], model, cfg: ExportParams):
-    """Beam-search every source through the ONNX file; returns (ids in input order, seconds)."""
+def translate(session, sources: list[list[int]], texts: list[str], model, cfg: ExportParams):
+    """Beam-search every source through the ONNX file in the batches `src.infer --input`
+    makes of the same text (`generation.length_order`: an int8 model's output depends on its
+    batch), so the BLEU reported is the one a user gets; returns (ids in order, seconds)."""
     out: list[list[int]] = [[] for _ in sources]
+    order = generation.length_order(texts)
     start = time.perf_counter()
-    for idx in length_batches(sources, cfg.batch_size):
+    for idx in (order[i: i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)):
         src = source_batch(sources, idx, model)
         max_len = max_output_length(src, cfg.max_length_ratio, model)
         for i, hyp in zip(idx, generation.run_search(session, src.numpy(), max_len,
@@ -126,7 +129,8 @@ def translate(session, sources: list[list[int]], model, cfg: ExportParams):
 def score_file(path: Path, model, tok: Tokenizers, part, cfg: ExportParams) -> dict:
     """BLEU, speed and size of one ONNX file on the whole test split."""
     session = open_session(path)
-    ids, seconds = translate(session, list(part["source_ids"]), model, cfg)
+    ids, seconds = translate(session, list(part["source_ids"]), list(part["source"]), model,
+                             cfg)
     hypotheses = tok.decode_target(ids)
     return {"bleu": bleu(hypotheses, list(part["target"]), tok.target_lang),
             "sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),

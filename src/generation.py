@@ -183,6 +183,15 @@ def warn_stderr(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def length_order(lines: list[str]) -> list[int]:
+    """Indices of the non-blank lines, shortest first (by characters, then position): both
+    translators batch a file this way, so a text model and its generation model see the same
+    batches. That matters beyond padding: int8 models quantize activations per batch, so an
+    int8 translation can change with the sentences that share its batch."""
+    return sorted((i for i, line in enumerate(lines) if line.strip()),
+                  key=lambda i: (len(lines[i]), i))
+
+
 @dataclass
 class Translator:
     """An ONNX generation session, its metadata and the two SentencePiece models."""
@@ -237,12 +246,12 @@ class Translator:
                   max_length: int | None = None, batch_size: int = 32,
                   first_line_no: int = 1) -> list[str]:
         """One output per input line, in order; blank lines stay blank. Lines are sorted by
-        length into batches (little padding), and the order is restored."""
+        length into batches (`length_order`: little padding), and the order is restored."""
         beam = beam or self.default_beam
         out = [""] * len(lines)
         encoded = {i: self.encode(line, first_line_no + i)
                    for i, line in enumerate(lines) if line.strip()}
-        order = sorted(encoded, key=lambda i: len(encoded[i]))
+        order = length_order(lines)
         for start in range(0, len(order), batch_size):
             idx = order[start: start + batch_size]
             for i, text in zip(idx, self.run([encoded[i] for i in idx], beam, max_length)):
@@ -282,12 +291,11 @@ class TextTranslator:
     def translate(self, lines: list[str], beam: int | None = None,
                   max_length: int | None = None, batch_size: int = 32,
                   first_line_no: int = 1) -> list[str]:
-        """As `Translator.translate`; batches are sorted by characters (no tokenizer here),
-        and a source longer than the model's limit is cut inside the graph, silently."""
+        """As `Translator.translate` (same batches); a source longer than the model's limit
+        is cut inside the graph, silently."""
         self.check_search(beam, max_length)
         out = [""] * len(lines)
-        order = sorted((i for i, line in enumerate(lines) if line.strip()),
-                       key=lambda i: len(lines[i]))
+        order = length_order(lines)
         for start in range(0, len(order), batch_size):
             idx = order[start: start + batch_size]
             for i, text in zip(idx, self.run([lines[i] for i in idx])):
