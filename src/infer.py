@@ -26,10 +26,10 @@ from src.atomic import write_text
 from src.errors import PipelineError, run_cli
 from src.generation import (
     CPU,
-    DEFAULT_THREADS,
     MAX_BEAM,
     TextTranslator,
     Translator,
+    default_threads,
     load_translator,
 )
 from src.text import iter_lines, read_lines
@@ -45,7 +45,9 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     if isinstance(translator, TextTranslator):
         translator.check_search(beam, max_length)
     ran = translator.provider
-    print(f"infer: {ran}" + (f", {threads} threads" if ran == CPU else ""), file=sys.stderr)
+    used = threads or default_threads(translator.meta)
+    print(f"infer: {ran}" + (f", {used} thread{'s' * (used > 1)}" if ran == CPU else ""),
+          file=sys.stderr)
     return translator
 
 
@@ -68,7 +70,8 @@ def main(
     max_length: int = typer.Option(None, min=1, help="Max output tokens (default: as export)."),
     batch_size: int = typer.Option(32, min=1, help="Sentences per session.run (--input)."),
     provider: str = typer.Option("auto", help="auto (CUDA if it really runs), cuda or cpu."),
-    threads: int = typer.Option(DEFAULT_THREADS, min=1, help="CPU threads of ONNX Runtime."),
+    threads: int = typer.Option(None, min=1, help="CPU threads of ONNX Runtime (default: "
+                                "2, or 1 for an int8 model: the faster on 2 cores)."),
 ) -> None:
     """Translate English text with the single-file ONNX model (the search runs in the graph)."""
     if provider not in {"auto", "cuda", "cpu"}:

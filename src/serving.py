@@ -19,7 +19,7 @@ from typing import Any
 
 import mlflow.pyfunc
 
-from src.generation import DEFAULT_THREADS, MAX_BEAM, load_translator
+from src.generation import MAX_BEAM, load_translator
 from src.paths import text_twin
 
 CANDIDATE = "candidate"
@@ -87,7 +87,7 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         log = logging.getLogger("nmt.serving")
         self.translator = load_translator(
             Path(context.artifacts["model"]), Path(context.artifacts["tokenizer"]),
-            provider="auto", threads=DEFAULT_THREADS, warn=log.warning)
+            provider="auto", warn=log.warning)
         log.info("nmt: %s", self.translator.provider)
 
     # The type hints are the signature: MLflow checks requests against them strictly (a number

@@ -315,6 +315,12 @@ def test_int8_model_runs_through_infer(project):
     result = infer(project, "She sees five rabbits.", model=project / "models/model.int8.onnx")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
+    # each precision on its measured best thread count, unless --threads says otherwise
+    assert "infer: CPUExecutionProvider, 1 thread\n" in result.stderr
+    fp32 = infer(project, "She sees five rabbits.")
+    assert "infer: CPUExecutionProvider, 2 threads\n" in fp32.stderr
+    forced = infer(project, "Hi.", "--threads", "2", model=project / "models/model.int8.onnx")
+    assert "infer: CPUExecutionProvider, 2 threads\n" in forced.stderr
 
 
 def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
