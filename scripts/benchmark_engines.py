@@ -73,9 +73,9 @@ class OnnxEngine:
         return self.translator.translate(lines, beam, None, batch_size=len(lines))
 
 
-def length_batches(lines: list[str], tokenize, size: int) -> list[list[int]]:
-    """Indices sorted by source length, cut into batches (what src.infer --input does)."""
-    order = sorted(range(len(lines)), key=lambda i: len(tokenize(lines[i])))
+def length_batches(lines: list[str], size: int) -> list[list[int]]:
+    """The batches `src.infer --input` makes of a file (`generation.length_order`)."""
+    order = generation.length_order(lines)
     return [order[i: i + size] for i in range(0, len(order), size)]
 
 
@@ -127,8 +127,7 @@ def main() -> None:
                     for p in args.precisions.split(",")}
 
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
-        tokenize = Ct2Engine(ct2_dir, tokenizer_dir, "float32", 1, meta).source.encode
-        batches = length_batches(sources, tokenize, 32)
+        batches = length_batches(sources, 32)
         quality, outputs = {}, {}
         for (engine_name, precision), make in engines.items():
             outputs[engine_name, precision], _ = translate_all(make(), sources, batches, 4)
@@ -152,7 +151,7 @@ def main() -> None:
                           if p == precision}
                 for beam in ints(args.beams):
                     for size in ints(args.batches):
-                        work_batches = length_batches(lines, tokenize, size)
+                        work_batches = length_batches(lines, size)
                         row = {"kind": "speed", "precision": precision, "threads": threads,
                                "beam": beam, "batch": size, "sentences": len(lines)}
                         for name, engine in loaded.items():
