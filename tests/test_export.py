@@ -498,3 +498,25 @@ def test_ctranslate2_conversion_translates_as_our_model(project, tmp_path, beam)
             pieces(sp), beam, new, float(ours.meta["length_penalty"])))
         got.append(sp.decode(result[0].hypotheses[0]))
     assert got == want and any(want)
+
+
+def test_engine_benchmark_checks_both_engines_agree(project, tmp_path):
+    """scripts/benchmark_engines.py end to end on the tiny model: CTranslate2 on the converted
+    weights gives our fp32 translations on every test sentence, and each timing row names
+    both engines."""
+    out = tmp_path / "engines.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--models",
+         str(project / "models"), "--split-dir", str(project / "data/tokenized"),
+         "--sentences", "8", "--threads", "1", "--beams", "1", "--batches", "4",
+         "--precisions", "fp32", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    quality = [r for r in rows if r["kind"] == "quality"]
+    assert [(r["precision"], r["identical"], r["sentences"]) for r in quality] == \
+        [("fp32", 1.0, 80)]
+    assert quality[0]["bleu_ours"] == quality[0]["bleu_ctranslate2"]
+    speed = [r for r in rows if r["kind"] == "speed"]
+    assert [(r["threads"], r["beam"], r["batch"], r["sentences"]) for r in speed] == \
+        [(1, 1, 4, 8)]
