@@ -73,18 +73,11 @@ class OnnxEngine:
         return self.translator.translate(lines, beam, None, batch_size=len(lines))
 
 
-def length_batches(lines: list[str], size: int) -> list[list[int]]:
-    """The batches `src.infer --input` makes of a file (`generation.length_order`)."""
-    order = generation.length_order(lines)
-    return [order[i: i + size] for i in range(0, len(order), size)]
-
-
-def translate_all(engine, lines: list[str], batches: list[list[int]], beam: int):
-    out = [""] * len(lines)
+def translate_all(engine, lines: list[str], batch_size: int, beam: int):
+    """The file through `engine` in src.infer's batches; (translations, seconds)."""
     start = time.perf_counter()
-    for idx in batches:
-        for i, text in zip(idx, engine.run([lines[i] for i in idx], beam)):
-            out[i] = text
+    out = generation.translate_in_batches(
+        lines, batch_size, lambda idx: engine.run([lines[i] for i in idx], beam))
     return out, time.perf_counter() - start
 
 
@@ -127,10 +120,9 @@ def main() -> None:
                     for p in args.precisions.split(",")}
 
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
-        batches = length_batches(sources, 32)
         quality, outputs = {}, {}
         for (engine_name, precision), make in engines.items():
-            outputs[engine_name, precision], _ = translate_all(make(), sources, batches, 4)
+            outputs[engine_name, precision], _ = translate_all(make(), sources, 32, 4)
             quality[engine_name, precision] = bleu(outputs[engine_name, precision],
                                                    references, target_lang)
         for precision in args.precisions.split(","):
@@ -151,12 +143,11 @@ def main() -> None:
                           if p == precision}
                 for beam in ints(args.beams):
                     for size in ints(args.batches):
-                        work_batches = length_batches(lines, size)
                         row = {"kind": "speed", "precision": precision, "threads": threads,
                                "beam": beam, "batch": size, "sentences": len(lines)}
                         for name, engine in loaded.items():
                             engine.run(lines[:size], beam)  # warm-up
-                            _, seconds = translate_all(engine, lines, work_batches, beam)
+                            _, seconds = translate_all(engine, lines, size, beam)
                             row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)
                         row["ours_vs_ctranslate2"] = round(
                             row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)

@@ -112,12 +112,11 @@ def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
 
 def translate(session, sources: list[list[int]], texts: list[str], model, cfg: ExportParams):
     """Beam-search every source through the ONNX file in the batches `src.infer --input`
-    makes of the same text (`generation.length_order`: an int8 model's output depends on its
+    makes of the same text (`generation.length_batches`: an int8 model's output depends on its
     batch), so the BLEU reported is the one a user gets; returns (ids in order, seconds)."""
     out: list[list[int]] = [[] for _ in sources]
-    order = generation.length_order(texts)
     start = time.perf_counter()
-    for idx in (order[i: i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)):
+    for idx in generation.length_batches(texts, cfg.batch_size):
         src = source_batch(sources, idx, model)
         max_len = max_output_length(src, cfg.max_length_ratio, model)
         for i, hyp in zip(idx, generation.run_search(session, src.numpy(), max_len,

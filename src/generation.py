@@ -188,13 +188,25 @@ def warn_stderr(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def length_order(lines: list[str]) -> list[int]:
-    """Indices of the non-blank lines, shortest first (by characters, then position): both
-    translators batch a file this way, so a text model and its generation model see the same
-    batches. That matters beyond padding: int8 models quantize activations per batch, so an
-    int8 translation can change with the sentences that share its batch."""
-    return sorted((i for i, line in enumerate(lines) if line.strip()),
-                  key=lambda i: (len(lines[i]), i))
+def length_batches(lines: list[str], batch_size: int) -> list[list[int]]:
+    """Indices of the non-blank lines, shortest first (by characters, then position), cut into
+    batches: how both translators, export's scoring and the engine benchmark group a file, so
+    a text model and its generation model see the same batches. That matters beyond padding:
+    int8 models quantize activations per batch, so an int8 translation can change with the
+    sentences that share its batch."""
+    order = sorted((i for i, line in enumerate(lines) if line.strip()),
+                   key=lambda i: (len(lines[i]), i))
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def translate_in_batches(lines: list[str], batch_size: int,
+                         run: Callable[[list[int]], list[str]]) -> list[str]:
+    """One output per line, in order, blank lines blank; `run` translates a batch (indices)."""
+    out = [""] * len(lines)
+    for idx in length_batches(lines, batch_size):
+        for i, text in zip(idx, run(idx)):
+            out[i] = text
+    return out
 
 
 @dataclass
@@ -251,17 +263,12 @@ class Translator:
                   max_length: int | None = None, batch_size: int = 32,
                   first_line_no: int = 1) -> list[str]:
         """One output per input line, in order; blank lines stay blank. Lines are sorted by
-        length into batches (`length_order`: little padding), and the order is restored."""
+        length into batches (`length_batches`: little padding), and the order is restored."""
         beam = beam or self.default_beam
-        out = [""] * len(lines)
         encoded = {i: self.encode(line, first_line_no + i)
                    for i, line in enumerate(lines) if line.strip()}
-        order = length_order(lines)
-        for start in range(0, len(order), batch_size):
-            idx = order[start: start + batch_size]
-            for i, text in zip(idx, self.run([encoded[i] for i in idx], beam, max_length)):
-                out[i] = text
-        return out
+        return translate_in_batches(lines, batch_size, lambda idx: self.run(
+            [encoded[i] for i in idx], beam, max_length))
 
 
 @dataclass
@@ -299,13 +306,8 @@ class TextTranslator:
         """As `Translator.translate` (same batches); a source longer than the model's limit
         is cut inside the graph, silently."""
         self.check_search(beam, max_length)
-        out = [""] * len(lines)
-        order = length_order(lines)
-        for start in range(0, len(order), batch_size):
-            idx = order[start: start + batch_size]
-            for i, text in zip(idx, self.run([lines[i] for i in idx])):
-                out[i] = text
-        return out
+        return translate_in_batches(lines, batch_size,
+                                    lambda idx: self.run([lines[i] for i in idx]))
 
 
 def default_threads(meta: dict[str, str]) -> int:
