@@ -210,11 +210,25 @@ def translate_in_batches(lines: list[str], batch_size: int,
 
 
 @dataclass
-class Translator:
-    """An ONNX generation session, its metadata and the two SentencePiece models."""
+class LoadedModel:
+    """An ONNX Runtime session of one of our model files and its metadata."""
 
     session: object
     meta: dict[str, str]
+
+    @property
+    def default_beam(self) -> int:
+        return int(self.meta["beam_size"])
+
+    @property
+    def provider(self) -> str:
+        return self.session.get_providers()[0]
+
+
+@dataclass
+class Translator(LoadedModel):
+    """A generation model (ids in, ids out) and the two SentencePiece models around it."""
+
     source: object  # sentencepiece.SentencePieceProcessor
     target: object
     warn: Callable[[str], None] = field(default=warn_stderr)
@@ -226,14 +240,6 @@ class Translator:
     @property
     def pad(self) -> int:
         return int(self.meta["pad_id"])
-
-    @property
-    def default_beam(self) -> int:
-        return int(self.meta["beam_size"])
-
-    @property
-    def provider(self) -> str:
-        return self.session.get_providers()[0]
 
     def encode(self, text: str, line_no: int) -> list[int]:
         """Source ids + EOS, cut to the model's limit (with a warning)."""
@@ -272,20 +278,9 @@ class Translator:
 
 
 @dataclass
-class TextTranslator:
+class TextTranslator(LoadedModel):
     """A text model (`TEXT_FORMAT`): strings in, strings out, the search settings fixed at
     export (its metadata says which); no tokenizer files and no sentencepiece needed."""
-
-    session: object
-    meta: dict[str, str]
-
-    @property
-    def default_beam(self) -> int:
-        return int(self.meta["beam_size"])
-
-    @property
-    def provider(self) -> str:
-        return self.session.get_providers()[0]
 
     def run(self, lines: list[str]) -> list[str]:
         text = np.array(lines, dtype=object)
