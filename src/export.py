@@ -71,7 +71,7 @@ def check_vocab(model, tok: Tokenizers) -> None:
                             f"not match the model's {sizes[0]}/{sizes[1]}: re-run tokenize+train")
 
 
-def length_batches(sources: list[list[int]], batch_size: int) -> list[list[int]]:
+def token_length_batches(sources: list[list[int]], batch_size: int) -> list[list[int]]:
     """Index lists of similar-length sentences (little padding), as evaluate batches them."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
@@ -90,7 +90,7 @@ def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
     """Rows where ONNX Runtime and PyTorch produce the same tokens, greedy and beam."""
     same = {"greedy": 0, "beam": 0}
     mismatches: dict[str, list[str]] = {"greedy": [], "beam": []}
-    for idx in length_batches(sources, cfg.batch_size):
+    for idx in token_length_batches(sources, cfg.batch_size):
         src = source_batch(sources, idx, model)
         max_len = max_output_length(src, cfg.max_length_ratio, model)
         runs = {
@@ -162,13 +162,14 @@ def verify(path: Path, model, sources: list[list[int]], cfg: ExportParams) -> di
 def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
                 sentences: list[str], cfg: ExportParams) -> float:
     """The text model must translate every sentence exactly as its generation model run
-    through the tokenizer, batch for batch; returns 1.0 or raises PipelineError."""
+    through the tokenizer, in the batches src.infer makes; returns 1.0 or raises
+    PipelineError."""
     threads = os.cpu_count() or 1
     reference = generation.load_translator(generation_path, tokenizer_dir, "cpu", threads)
     text = generation.load_translator(text_path, None, "cpu", threads)
     encoded = [reference.encode(s, i + 1) for i, s in enumerate(sentences)]
     mismatches = []
-    for idx in length_batches(encoded, cfg.batch_size):
+    for idx in generation.length_batches(sentences, cfg.batch_size):
         want = reference.run([encoded[i] for i in idx], cfg.beam_size, None)
         have = text.run([sentences[i] for i in idx])
         mismatches += [f"test row {i}: {w!r} vs text model {h!r}"

@@ -175,13 +175,12 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
 def wrap_file(generation_path: Path, tokenizer_dir: Path, out_path: Path,
               beam: int | None = None, length_penalty: float | None = None) -> None:
     """Read a generation model and its tokenizer; write the text model to `out_path`."""
-    for path in (generation_path, Path(tokenizer_dir) / "source.model",
-                 Path(tokenizer_dir) / "target.model"):
-        if not Path(path).is_file():
+    source, target = (Path(tokenizer_dir) / f"{side}.model" for side in ("source", "target"))
+    for path in (Path(generation_path), source, target):
+        if not path.is_file():
             raise PipelineError(f"not found: {path}")
-    wrapped = wrap(onnx.load(str(generation_path)),
-                   (Path(tokenizer_dir) / "source.model").read_bytes(),
-                   (Path(tokenizer_dir) / "target.model").read_bytes(), beam, length_penalty)
+    wrapped = wrap(onnx.load(str(generation_path)), source.read_bytes(), target.read_bytes(),
+                   beam, length_penalty)
     onnx.save(wrapped, str(out_path))
 
 

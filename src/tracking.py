@@ -171,17 +171,17 @@ class MlflowRun(NullRun):
         splits = load_from_disk(str(data_dir))
         digest = dvc_hash(data_dir)
         inputs = []
-        for name, context in contexts.items():
-            with warnings.catch_warnings():
-                # MLflow registers its local-file source class twice, so resolving a file URI
-                # warns "can be interpreted in multiple ways" on every call; both are the same
-                warnings.filterwarnings("ignore", "The specified dataset source can be "
-                                        "interpreted in multiple ways", UserWarning)
+        with warnings.catch_warnings():
+            # MLflow registers its local-file source class twice, so resolving a file URI
+            # warns "can be interpreted in multiple ways" on every call; both are the same
+            warnings.filterwarnings("ignore", "The specified dataset source can be "
+                                    "interpreted in multiple ways", UserWarning)
+            for name, context in contexts.items():
                 dataset = mlflow.data.from_huggingface(
                     splits[name], name=name, digest=digest,
                     source=Path(data_dir).resolve().as_uri())
-            inputs.append(DatasetInput(dataset._to_mlflow_entity(),
-                                       [InputTag("mlflow.data.context", context)]))
+                inputs.append(DatasetInput(dataset._to_mlflow_entity(),
+                                           [InputTag("mlflow.data.context", context)]))
         for run_id in filter(None, (self._run_id, self._parent_id if on_parent else None)):
             self._client.log_inputs(run_id, datasets=inputs)
 
