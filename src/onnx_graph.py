@@ -10,7 +10,8 @@ onnxruntime/transformers/convert_generation.py, which we cannot import: it needs
 * decoder subgraph: `input_ids` (B, 1), `encoder_attention_mask`, `past_key_self_i`,
   `past_value_self_i` (B, H, T, d_head), then `past_key_cross_i`, `past_value_cross_i`
   -> `logits` (B, 1, V), `present_key_self_i`, `present_value_self_i` (B, H, T + 1, d_head)
-  (`Transformer.decode_step`; the position is T, the length of `past_key_self_0`).
+  (`Transformer.decode_step`; the position is T, the length of `past_key_self_0`), its
+  attentions fused into com.microsoft.MultiHeadAttention nodes (src/onnx_attention.py).
 
 The outer graph is what any ONNX Runtime client calls with one `session.run`:
 
@@ -45,13 +46,14 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
+from src import onnx_attention
+from src.onnx_attention import MS_DOMAIN
 from src.generation import SEARCH_INPUTS
 from src.model import Transformer
 from src.subword import BOS, EOS, PAD, UNK
 
 BANNED = (PAD, BOS, UNK)
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
-MS_DOMAIN = "com.microsoft"
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
 
 
@@ -79,7 +81,9 @@ class CrossAttentionKV(nn.Module):
 
 
 class DecoderStep(nn.Module):
-    """Decoder subgraph: one token with the self-attention cache -> logits and the grown cache."""
+    """Decoder subgraph: one token with the self-attention cache -> logits and the grown cache.
+
+    Its attentions are ORT's fused MultiHeadAttention nodes (src/onnx_attention.py)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -96,8 +100,8 @@ class DecoderStep(nn.Module):
         n = len(self.model.decoder)
         past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]  # (B, H, T, dh) each
         cross = [(kv[2 * (n + i)], kv[2 * (n + i) + 1]) for i in range(n)]  # (B, H, S, dh)
-        src_mask = (encoder_attention_mask != 0)[:, None, None, :]  # (B, 1, 1, S)
-        hidden, cache = self.model.decode_step_hidden(input_ids.long(), past, cross, src_mask)
+        hidden, cache = onnx_attention.decode_step_hidden(self.model, input_ids.long(), past,
+                                                          cross, encoder_attention_mask)
         logits = F.linear(hidden, self.model.generator.weight, self.ban)  # (B, V)
         return (logits[:, None, :], *(t for kv_pair in cache for t in kv_pair))  # (B, 1, V), ...
 
@@ -139,7 +143,7 @@ def export_subgraphs(model: Transformer, opset: int) -> tuple[onnx.ModelProto, o
         tokens = torch.full((batch, 1), BOS, dtype=torch.int32)
         decoder = torch.onnx.export(
             DecoderStep(model), (tokens, mask, (*past, *cross)), dynamo=True,
-            opset_version=opset,
+            opset_version=opset, custom_translation_table=onnx_attention.TRANSLATIONS,
             input_names=["input_ids", "encoder_attention_mask",
                          *self_names(n_layers, "past"), *cross_names(n_layers, "past")],
             output_names=["logits", *self_names(n_layers, "present")],

@@ -190,6 +190,16 @@ def test_int8_decoder_multiplies_every_weight_in_integers(project):
     assert not set(dequantized) & set(shapes)  # only gathered rows, never a whole table
 
 
+@pytest.mark.parametrize("name", ["model.onnx", "model.int8.onnx"])
+def test_decoder_attention_is_one_fused_node_each(project, name):
+    """Each decoder attention is one MultiHeadAttention node (self with its cache, cross with
+    the source mask): no per-step Softmax, key Transpose or cache Concat of the plain export."""
+    decoder, _ = decoder_subgraph(project / "models" / name)
+    ops = [n.op_type for n in decoder.node]
+    assert ops.count("MultiHeadAttention") == 2 * 2  # self + cross, 2 layers
+    assert not {"Softmax", "Transpose", "Concat"} & set(ops)
+
+
 def test_greedy_and_beam_match_pytorch_in_every_batch_shape(project):
     """Same tokens as src.search on mixed lengths, single rows and odd batch sizes."""
     model, _ = checkpoint.load_model(project / "models/model.pt")
