@@ -35,15 +35,12 @@ SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_retu
 METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
                  "max_output_tokens", "beam_size", "length_penalty", "max_length_ratio",
                  "source_tokenizer_sha256", "target_tokenizer_sha256"]
-# 1 vs 2 threads on the 2-core dev machine (default model, 256/1024 test sentences, 3 runs each,
-# sent/s): greedy batch 1 a tie (169-183 vs 161-200); beam 4 batch 1 93-103 vs 100-132;
-# greedy batch 32 679-698 vs 657-909; beam 4 batch 32 216-270 vs 321-327. So 2.
+# 1 vs 2 threads on the 2-core dev machine, both files of the default model, one sitting
+# (docs/engines.md, 500 test sentences, sent/s 1 vs 2 threads): 2 won for int8 in every row
+# (greedy batch 1 470 vs 510, greedy batch 32 859 vs 1287, beam 4 batch 1 233 vs 286, beam 4
+# batch 32 293 vs 438) and for fp32 in 3 of 4 (greedy batch 1 196 vs 186). The fused attention
+# nodes split (batch x heads) over the threads; before them int8 was faster on 1 thread.
 DEFAULT_THREADS = 2
-# The int8 model on the same machine, one sitting (docs/engines.md, 500 test sentences): 1
-# thread beat 2 in 3 of 4 rows (greedy batch 1 473 vs 433 sent/s, beam 4 batch 1 254 vs 185,
-# beam 4 batch 32 346 vs 172; greedy batch 32 952 vs 979): its integer kernels gain little
-# from a second thread here and lose to the synchronisation. So int8 files default to 1.
-INT8_THREADS = 1
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 MAX_BEAM = 128  # ONNX Runtime's BeamSearch refuses larger beams inside session.run
 
@@ -305,22 +302,15 @@ class TextTranslator(LoadedModel):
                                     lambda idx: self.run([lines[i] for i in idx]))
 
 
-def default_threads(meta: dict[str, str]) -> int:
-    """The measured best CPU thread count for a model: INT8_THREADS for int8 weights."""
-    return INT8_THREADS if meta.get("weights") == "int8" else DEFAULT_THREADS
-
-
 def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provider: str = "auto",
                     threads: int | None = None,
                     warn: Callable[[str], None] = warn_stderr) -> Translator | TextTranslator:
     """The model file, and the tokenizer beside it (`tokenizer/`) or in `tokenizer_dir`,
     checked against the fingerprints recorded at export; a text model carries its own.
-    `threads=None`: `default_threads` of the model (its metadata is read first)."""
+    `threads=None`: DEFAULT_THREADS."""
     model_path = Path(model_path)
     session = open_session(model_path, provider, threads or DEFAULT_THREADS)
     meta = session.get_modelmeta().custom_metadata_map
-    if threads is None and default_threads(meta) != DEFAULT_THREADS:
-        session = open_session(model_path, provider, default_threads(meta))  # ~0.1 s again
     if meta.get("format") == TEXT_FORMAT:
         if tokenizer_dir is not None:
             raise PipelineError(f"{model_path} is a text model with its tokenizer inside; "

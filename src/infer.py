@@ -26,10 +26,10 @@ from src.atomic import write_text
 from src.errors import PipelineError, run_cli
 from src.generation import (
     CPU,
+    DEFAULT_THREADS,
     MAX_BEAM,
     TextTranslator,
     Translator,
-    default_threads,
     load_translator,
 )
 from src.text import iter_lines, read_lines
@@ -45,7 +45,7 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     if isinstance(translator, TextTranslator):
         translator.check_search(beam, max_length)
     ran = translator.provider
-    used = threads or default_threads(translator.meta)
+    used = threads or DEFAULT_THREADS
     print(f"infer: {ran}" + (f", {used} thread{'s' * (used > 1)}" if ran == CPU else ""),
           file=sys.stderr)
     return translator

@@ -1,4 +1,4 @@
-"""The exported decoder step with ONNX Runtime's fused attention (com.microsoft.MultiHeadAttention).
+"""The exported decoder step with ONNX Runtime's fused attention (MultiHeadAttention).
 
 Exported from plain PyTorch, one decoder layer's two attentions per step are ~50 ONNX nodes: head
 reshapes and transposes, a Concat growing the cache, a transposed copy of every cached key, scale

@@ -47,9 +47,9 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
 from src import onnx_attention
-from src.onnx_attention import MS_DOMAIN
 from src.generation import SEARCH_INPUTS
 from src.model import Transformer
+from src.onnx_attention import MS_DOMAIN
 from src.subword import BOS, EOS, PAD, UNK
 
 BANNED = (PAD, BOS, UNK)
