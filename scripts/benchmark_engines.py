@@ -36,11 +36,11 @@ class Ct2Engine:
     """CTranslate2 behind the same translate(lines, beam, batch) interface as ours."""
 
     def __init__(self, model_dir: Path, tokenizer_dir: Path, compute_type: str, threads: int,
-                 meta: dict[str, str]):
+                 meta: dict[str, str], device: str = "cpu"):
         import ctranslate2
         import sentencepiece as spm
 
-        self.translator = ctranslate2.Translator(str(model_dir), device="cpu",
+        self.translator = ctranslate2.Translator(str(model_dir), device=device,
                                                  compute_type=compute_type,
                                                  intra_threads=threads, inter_threads=1)
         self.source, self.target = (
@@ -66,8 +66,8 @@ class Ct2Engine:
 
 
 class OnnxEngine:
-    def __init__(self, path: Path, threads: int):
-        self.translator = generation.load_translator(path, threads=threads,
+    def __init__(self, path: Path, threads: int, device: str = "cpu"):
+        self.translator = generation.load_translator(path, provider=device, threads=threads,
                                                      warn=lambda _: None)
 
     def run(self, lines: list[str], beam: int) -> list[str]:
@@ -101,12 +101,17 @@ def main() -> None:
     parser.add_argument("--beams", default="1,4")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--precisions", default="fp32,int8")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: our files on ONNX Runtime's CUDA provider (onnxruntime-gpu) "
+                             "and CTranslate2 on the GPU; threads then only feed the CPU side")
     parser.add_argument("--repeats", type=int, default=3,
                         help="time each configuration this often, engines alternating; the "
                              "fastest pass counts (this machine's run-to-run noise is ~20%%)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    if args.device == "cuda":
+        require_gpu()
     tokenizer_dir = args.models / "tokenizer"
     onnx_files = {"fp32": args.models / "model.onnx", "int8": args.models / "model.int8.onnx"}
     ct2_types = {"fp32": "float32", "int8": "int8"}
@@ -117,10 +122,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         ct2_dir = convert(args.models / "model.pt", tokenizer_dir, Path(work) / "ct2")
         engines = {
-            ("ours", p): lambda p=p, t=2: OnnxEngine(onnx_files[p], t)
+            ("ours", p): lambda p=p, t=2: OnnxEngine(onnx_files[p], t, args.device)
             for p in args.precisions.split(",")}
         engines |= {("ctranslate2", p): lambda p=p, t=2: Ct2Engine(ct2_dir, tokenizer_dir,
-                                                                     ct2_types[p], t, meta)
+                                                                     ct2_types[p], t, meta,
+                                                                     args.device)
                     for p in args.precisions.split(",")}
 
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
@@ -169,6 +175,19 @@ def main() -> None:
                                 text=True).stdout.strip()
         args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv),
                                          "commit": commit, "rows": rows}, indent=1) + "\n")
+
+
+def require_gpu() -> None:
+    """Both engines must see a GPU, or the comparison would quietly time a CPU."""
+    import ctranslate2
+    import onnxruntime as ort
+
+    if ctranslate2.get_cuda_device_count() == 0 \
+            or generation.CUDA not in ort.get_available_providers():
+        sys.exit("error: --device cuda needs a GPU that CTranslate2 sees and onnxruntime-gpu's "
+                 "CUDA provider; this machine has "
+                 f"{ctranslate2.get_cuda_device_count()} CUDA device(s) for CTranslate2 and "
+                 f"providers {', '.join(ort.get_available_providers())}")
 
 
 def print_table(rows: list[dict]) -> None:

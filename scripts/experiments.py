@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from anywhere
+
+from src.reports import LENGTH_BUCKETS  # noqa: E402
 
 # Shared by every training row: a short, fixed number of optimizer steps (about two epochs of
 # cmn-eng) and a warmup that fits inside it. Steps rather than minutes, so rows run side by
@@ -102,6 +105,8 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = ROOT) 
         "n_parameters": trained.get("n_parameters"),
         "final_valid_bleu": trained.get("final_valid_bleu"),
         "final_valid_loss": trained.get("final_valid_loss"),
+        # BLEU by source length (evaluate's buckets: <= 6, 7-9, >= 10 words)
+        **{f"bleu_{name}": evaluated.get(f"bleu_{name}") for name, _, _ in LENGTH_BUCKETS},
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
     with results.open("a") as fh:

@@ -104,3 +104,15 @@ def test_benchmark_data_measures_each_stage(tmp_path):
     assert all(r["pairs"] == 300 and r["seconds"] > 0 and r["peak_rss_mb"] > 0 for r in rows)
     assert all(r["peak_tree_rss_mb"] >= r["peak_rss_mb"] for r in rows)
     assert "split" in result.stdout and "peak RSS MB" in result.stdout
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="a GPU is present")
+def test_engine_benchmark_on_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    """--device cuda must not quietly time the CPU when no GPU is there."""
+    pytest.importorskip("ctranslate2")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--device", "cuda",
+         "--models", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: --device cuda needs a GPU")
+    assert "Traceback" not in result.stderr
