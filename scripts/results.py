@@ -123,6 +123,31 @@ def short_rows(rows: list[dict]) -> list[str]:
     return lines
 
 
+def full_rows(rows: list[dict]) -> list[str]:
+    """Full-length runs (`full-*` rows): the recipe's ablation, chosen on valid BLEU."""
+    if not rows:
+        return []
+    lines = [
+        "## Recipe ablation (full runs)",
+        "",
+        "`python scripts/experiments.py --rows <name>`: each row a whole `dvc exp run` of the "
+        "pipeline with the overrides shown on top of the committed `params.yaml`. Choices are "
+        "made on **valid BLEU** (greedy, the averaged final model); the test columns are "
+        "beam 4, by source length in words.",
+        "",
+    ]
+    lines += table(
+        ["row", "what", "overrides", "valid BLEU", "test BLEU", "<= 6", "7-9", ">= 10", "chrF",
+         "epochs", "train min"],
+        [[r["name"], r["what"], overrides(r), r.get("final_valid_bleu"), r["bleu"],
+          r.get("bleu_le6w"), r.get("bleu_7to9w"), r.get("bleu_ge10w"), r["chrf"],
+          r.get("epochs"),
+          round(r["train_seconds"] / 60, 1) if r.get("train_seconds") else None]
+         for r in rows],
+    )
+    return lines
+
+
 def pair_rows(rows: list[dict]) -> list[str]:
     lines = ["## Other language pairs", "",
              "Short runs that show a pair goes through every stage; not quality figures.", ""]
@@ -185,6 +210,7 @@ def render(docs: Path = DOCS) -> str:
     rows = load_rows(docs / "experiments.jsonl")
     by_name = {r["name"]: r for r in rows}
     short = [r for r in rows if r["name"].startswith("short-")]
+    full = [r for r in rows if r["name"].startswith("full-")]
     pairs = [by_name[n] for n in PAIR_ROWS if n in by_name]
     lines = [
         "# Results",
@@ -200,6 +226,7 @@ def render(docs: Path = DOCS) -> str:
                          by_name)
     lines += training_speed(load_json(bench, "peer_train.json"))
     lines += translation_speed(load_json(bench, "infer_speed.json"))
+    lines += full_rows(full)
     lines += short_rows(short)
     lines += pair_rows(pairs)
     lines += samples(bench)

@@ -65,8 +65,14 @@ def test_results_page_follows_the_raw_rows(tmp_path):
     with (docs / "experiments.jsonl").open("a") as fh:
         fh.write(json.dumps({"name": "short-new", "what": "a new row", "bleu": 5.67,
                              "chrf": 8.9, "overrides": {"train.lr": "1e-3"}}) + "\n")
+        fh.write(json.dumps({"name": "full-new", "what": "a full row", "bleu": 41.2,
+                             "chrf": 35.1, "overrides": {"train.epochs": "9"},
+                             "final_valid_bleu": 38.5, "bleu_le6w": 45.0, "bleu_7to9w": 40.1,
+                             "bleu_ge10w": 28.3, "epochs": 9, "train_seconds": 600}) + "\n")
     page = results.render(docs)
     assert "**12.34**" in page and "| short-new | a new row | `-S train.lr=1e-3` | 5.67 |" in page
+    assert ("| full-new | a full row | `-S train.epochs=9` | 38.5 | 41.2 | 45.0 | 40.1 | 28.3 | "
+            "35.1 | 9 | 10.0 |") in page
 
 
 def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
