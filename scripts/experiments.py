@@ -62,6 +62,17 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
               {**SHORT, "train.max_steps": "900", "train.warmup_steps": "300",
                "pair.source_lang": "zh", "pair.target_lang": "en",
                "pair.source_column": "1", "pair.target_column": "0"}, "evaluate"),
+    # Full runs of the whole pipeline (the recipe's ablation): hours each on 2 cores.
+    "full-default": ("the committed recipe: d256, 3+3 layers, dropout 0.2, 35 epochs", {},
+                     "evaluate"),
+    "full-cand1": ("four levers at once: dropout 0.3, concatenation 0.5, subword sampling "
+                   "alpha 0.2, target word dropout 0.1; 26 epochs (each twice the tokens)",
+                   {"model.dropout": "0.3", "train.concat_ratio": "0.5",
+                    "train.subword_alpha": "0.2", "train.target_word_dropout": "0.1",
+                    "train.epochs": "26"}, "evaluate"),
+    "full-cand2": ("dropout 0.3 and the whole time budget: 55 epochs, patience 10",
+                   {"model.dropout": "0.3", "train.epochs": "55", "train.patience": "10"},
+                   "evaluate"),
     "en-vi": ("short run: English → Vietnamese, train on IWSLT tst2012, test on tst2013",
               {**SHORT, "pair.target_lang": "vi",
                # quoted: `dvc exp run -S` parses values with Hydra's grammar, where { is special

@@ -138,11 +138,12 @@ def full_rows(rows: list[dict]) -> list[str]:
     ]
     lines += table(
         ["row", "what", "overrides", "valid BLEU", "test BLEU", "<= 6", "7-9", ">= 10", "chrF",
-         "epochs", "train min"],
+         "epochs", "train min", "commit"],
         [[r["name"], r["what"], overrides(r), r.get("final_valid_bleu"), r["bleu"],
           r.get("bleu_le6w"), r.get("bleu_7to9w"), r.get("bleu_ge10w"), r["chrf"],
           r.get("epochs"),
-          round(r["train_seconds"] / 60, 1) if r.get("train_seconds") else None]
+          round(r["train_seconds"] / 60, 1) if r.get("train_seconds") else None,
+          r.get("commit")]
          for r in rows],
     )
     return lines
