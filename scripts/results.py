@@ -146,7 +146,8 @@ def full_rows(rows: list[dict]) -> list[str]:
           r.get("commit")]
          for r in rows],
     )
-    return lines
+    notes = [f"- {r['name']}: {r['note']}." for r in rows if r.get("note")]
+    return lines + (notes + [""] if notes else [])
 
 
 def pair_rows(rows: list[dict]) -> list[str]:
