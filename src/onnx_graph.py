@@ -211,7 +211,7 @@ def quantize_subgraph(model: onnx.ModelProto, work_dir: Path) -> onnx.ModelProto
     gemm_weights_as_matmul(model.graph)
     onnx.save(model, fp32)
     with _quiet_export():
-        quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8)
+        quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, per_channel=True)
     quantized = onnx.load(int8)
     fp32.unlink()
     int8.unlink()
@@ -232,27 +232,37 @@ def _rename_inputs(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
 
 def share_initializers(encoder: onnx.GraphProto,
                        decoder: onnx.GraphProto) -> list[TensorProto]:
-    """Move tensors both subgraphs hold (the tied embedding) to the outer graph, stored once."""
-    in_decoder = {_tensor_key(t): t for t in decoder.initializer
-                  if int(np.prod(t.dims)) >= SHARE_MIN_ELEMENTS}
+    """Move tensors both subgraphs hold (the tied embedding) to the outer graph, stored once.
+
+    Equal tensors can repeat inside one subgraph too (per-channel int8 zero points of layers
+    of the same width are all zeros): every copy on either side reads the one outer tensor."""
+    in_decoder: dict[tuple, list[TensorProto]] = {}
+    for t in decoder.initializer:
+        if int(np.prod(t.dims)) >= SHARE_MIN_ELEMENTS:
+            in_decoder.setdefault(_tensor_key(t), []).append(t)
     shared: list[TensorProto] = []
+    names: dict[tuple, str] = {}
     for tensor in list(encoder.initializer):
-        match = in_decoder.get(_tensor_key(tensor)) if tensor.dims else None
-        if match is None or int(np.prod(tensor.dims)) < SHARE_MIN_ELEMENTS:
+        if not tensor.dims or int(np.prod(tensor.dims)) < SHARE_MIN_ELEMENTS:
             continue
-        name = f"shared_{len(shared)}"
-        _rename_inputs(encoder, {tensor.name: name})
-        _rename_inputs(decoder, {match.name: name})
+        key = _tensor_key(tensor)
+        if key not in in_decoder:
+            continue
+        if key not in names:
+            name = names[key] = f"shared_{len(shared)}"
+            for match in in_decoder[key]:
+                _rename_inputs(decoder, {match.name: name})
+                decoder.initializer.remove(match)
+            outer = TensorProto()
+            outer.CopyFrom(tensor)
+            outer.name = name
+            shared.append(outer)
+            # ORT needs the type of an outer-scope value declared inside each subgraph.
+            info = helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
+            encoder.value_info.append(info)
+            decoder.value_info.append(info)
+        _rename_inputs(encoder, {tensor.name: names[key]})
         encoder.initializer.remove(tensor)
-        decoder.initializer.remove(match)
-        outer = TensorProto()
-        outer.CopyFrom(tensor)
-        outer.name = name
-        shared.append(outer)
-        # ORT needs the type of an outer-scope value declared inside each subgraph.
-        info = helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
-        encoder.value_info.append(info)
-        decoder.value_info.append(info)
     return shared
 
 
