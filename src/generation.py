@@ -36,10 +36,10 @@ METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
                  "max_output_tokens", "beam_size", "length_penalty", "max_length_ratio",
                  "source_tokenizer_sha256", "target_tokenizer_sha256"]
 # 1 vs 2 threads on the 2-core dev machine, both files of the default model, one sitting
-# (docs/engines.md, 500 test sentences, sent/s 1 vs 2 threads): 2 won for int8 in every row
-# (greedy batch 1 470 vs 510, greedy batch 32 859 vs 1287, beam 4 batch 1 233 vs 286, beam 4
-# batch 32 293 vs 438) and for fp32 in 3 of 4 (greedy batch 1 196 vs 186). The fused attention
-# nodes split (batch x heads) over the threads; before them int8 was faster on 1 thread.
+# (docs/engines.md, 500 test sentences, sent/s 1 vs 2 threads): 2 won in all 8 rows (int8:
+# greedy batch 1 328 vs 484, greedy batch 32 902 vs 1265, beam 4 batch 1 225 vs 249, beam 4
+# batch 32 292 vs 515; fp32 139 vs 185, 438 vs 632, 83 vs 152, 168 vs 263). The fused
+# attention nodes split (batch x heads) over the threads; before them int8 was faster on 1.
 DEFAULT_THREADS = 2
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 MAX_BEAM = 128  # ONNX Runtime's BeamSearch refuses larger beams inside session.run
