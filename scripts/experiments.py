@@ -73,6 +73,9 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
     "full-cand2": ("dropout 0.3 and the whole time budget: 55 epochs, patience 10",
                    {"model.dropout": "0.3", "train.epochs": "55", "train.patience": "10"},
                    "evaluate"),
+    "full-zh-en": ("the committed recipe, Chinese → English on the same corpus (BLEU 13a)",
+                   {"pair.source_lang": "zh", "pair.target_lang": "en",
+                    "pair.source_column": "1", "pair.target_column": "0"}, "evaluate"),
     "en-vi": ("short run: English → Vietnamese, train on IWSLT tst2012, test on tst2013",
               {**SHORT, "pair.target_lang": "vi",
                # quoted: `dvc exp run -S` parses values with Hydra's grammar, where { is special

@@ -69,7 +69,14 @@ def test_results_page_follows_the_raw_rows(tmp_path):
                              "chrf": 35.1, "overrides": {"train.epochs": "9"},
                              "final_valid_bleu": 38.5, "bleu_le6w": 45.0, "bleu_7to9w": 40.1,
                              "bleu_ge10w": 28.3, "epochs": 9, "train_seconds": 600}) + "\n")
+        fh.write(json.dumps({"name": "full-zh-en", "what": "other way", "bleu": 20.5,
+                             "chrf": 44.0, "overrides": {"pair.source_lang": "zh"},
+                             "final_valid_bleu": 19.0, "epochs": 30}) + "\n")
     page = results.render(docs)
+    # the other direction is listed with the pairs, not ranked in the en→zh ablation
+    pairs = page.split("## Other language pairs")[1]
+    assert "| full-zh-en | other way | `-S pair.source_lang=zh` | 20.5 | 44.0 | 30 epochs |" in pairs
+    assert "| full-zh-en |" not in page.split("## Other language pairs")[0]
     assert "**12.34**" in page and "| short-new | a new row | `-S train.lr=1e-3` | 5.67 |" in page
     assert ("| full-new | a full row | `-S train.epochs=9` | 38.5 | 41.2 | 45.0 | 40.1 | 28.3 | "
             "35.1 | 9 | 10.0 |  |") in page
