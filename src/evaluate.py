@@ -3,8 +3,9 @@
 Reads params `evaluate.*`; the target language, which picks sacreBLEU's tokenizer (`zh` for
 Chinese, `char` for Japanese/Korean, `13a` otherwise), comes from the tokenizer's
 tokenizer.json. Translates the test split
-with batched beam search and scores corpus BLEU and chrF with sacreBLEU, overall and by source
-length (<= 6, 7-9, >= 10 words). The scores are the DVC metrics (data/eval/metrics.json);
+with batched beam search and scores corpus BLEU and chrF with sacreBLEU, overall and by length
+(<= 6, 7-9, >= 10 words of the English side: the source, or the reference for X -> English).
+The scores are the DVC metrics (data/eval/metrics.json);
 stats.json adds counts and settings; a TSV holds source / reference / hypothesis; MLflow gets
 all of it and sample translations.
 """
@@ -30,6 +31,14 @@ from src.search import translate_ids
 from src.subword import check_encoded_with, load_tokenizers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+def length_side(sources: list[str], references: list[str], source_lang: str,
+                target_lang: str) -> list[str]:
+    """The texts whose words place each pair in a length bucket: the English side when there is
+    one, so both directions of a corpus bucket the same pairs (a Chinese source, written without
+    spaces, would count as one word); otherwise the source."""
+    return references if target_lang == "en" and source_lang != "en" else sources
 
 
 @app.command()
@@ -71,7 +80,8 @@ def main(
         seconds = time.perf_counter() - start
         hypotheses = tok.decode_target(hyp_ids)
         result = score(hypotheses, references, target_lang)
-        result |= score_by_length(sources, hypotheses, references, target_lang, LENGTH_BUCKETS)
+        by_words = length_side(sources, references, tok.source_lang, target_lang)
+        result |= score_by_length(by_words, hypotheses, references, target_lang, LENGTH_BUCKETS)
         result.update(
             {
                 "bleu_tokenizer": bleu_tokenizer(target_lang),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from src.evaluate import length_side
 from src.reports import LENGTH_BUCKETS
 from src.scoring import length_bucket, score_by_length
 
@@ -27,3 +28,13 @@ def test_each_bucket_is_scored_on_its_own_sentences():
     assert scores["bleu_ge10w"] == 0.0
     assert scores["sentences_le6w"] == 2 and scores["sentences_ge10w"] == 2
     assert not any(key.endswith("7to9w") for key in scores)  # empty, not a score of zero
+
+
+def test_chinese_to_english_is_bucketed_by_the_english_reference():
+    # the en→zh test pairs, flipped: each pair must land in the same bucket in both directions
+    english = [words(3), words(12)]
+    chinese = ["我们喜欢三只猫。", "他们昨天在火车站等了很久的朋友。"]
+    flipped = length_side(chinese, english, "zh", "en")
+    assert [length_bucket(t, LENGTH_BUCKETS) for t in flipped] == ["le6w", "ge10w"]
+    assert length_side(english, chinese, "en", "zh") == english
+    assert length_side(english, english, "en", "en") == english  # no flip when both are English
