@@ -242,6 +242,8 @@ def share_initializers(encoder: onnx.GraphProto,
             in_decoder.setdefault(_tensor_key(t), []).append(t)
     shared: list[TensorProto] = []
     names: dict[tuple, str] = {}
+    encoder_renames: dict[str, str] = {}
+    decoder_renames: dict[str, str] = {}
     for tensor in list(encoder.initializer):
         if not tensor.dims or int(np.prod(tensor.dims)) < SHARE_MIN_ELEMENTS:
             continue
@@ -251,7 +253,7 @@ def share_initializers(encoder: onnx.GraphProto,
         if key not in names:
             name = names[key] = f"shared_{len(shared)}"
             for match in in_decoder[key]:
-                _rename_inputs(decoder, {match.name: name})
+                decoder_renames[match.name] = name
                 decoder.initializer.remove(match)
             outer = TensorProto()
             outer.CopyFrom(tensor)
@@ -261,8 +263,11 @@ def share_initializers(encoder: onnx.GraphProto,
             info = helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
             encoder.value_info.append(info)
             decoder.value_info.append(info)
-        _rename_inputs(encoder, {tensor.name: names[key]})
+        encoder_renames[tensor.name] = names[key]
         encoder.initializer.remove(tensor)
+    # One pass per subgraph: each pass walks every node input.
+    _rename_inputs(encoder, encoder_renames)
+    _rename_inputs(decoder, decoder_renames)
     return shared
 
 
