@@ -75,6 +75,11 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
     "full-cand2": ("dropout 0.3 and the whole time budget: 55 epochs, patience 10",
                    {"model.dropout": "0.3", "train.epochs": "55", "train.patience": "10"},
                    "evaluate"),
+    "full-cosine-concat": ("cosine schedule to zero over 38 epochs and concatenation 0.2 "
+                           "(each epoch 1.4 times the tokens, so 38 epochs take about the "
+                           "default's 55)",
+                           {"train.schedule": "cosine", "train.concat_ratio": "0.2",
+                            "train.epochs": "38"}, "evaluate"),
     "full-zh-en": ("the committed recipe, Chinese → English on the same corpus (BLEU 13a)",
                    {"pair.source_lang": "zh", "pair.target_lang": "en",
                     "pair.source_column": "1", "pair.target_column": "0"}, "evaluate"),

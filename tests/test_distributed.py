@@ -30,6 +30,7 @@ TINY = {
         "average_last": 1,
         "select_by": "loss",
         "nproc_per_node": 2,
+        "concat_ratio": 0.0,  # the batch count above is the plain corpus's
     },
 }
 

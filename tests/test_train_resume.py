@@ -34,6 +34,10 @@ TINY = {
         "threads": 1,
         "average_last": 2,
         "select_by": "bleu",
+        # Resume mechanics under the schedule in which train.epochs is a free key, on the
+        # plain corpus; the committed recipe's own schedule and augmentation may differ.
+        "schedule": "inverse_sqrt",
+        "concat_ratio": 0.0,
     },
 }
 
