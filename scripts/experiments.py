@@ -80,6 +80,12 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                            "default's 55)",
                            {"train.schedule": "cosine", "train.concat_ratio": "0.2",
                             "train.epochs": "38"}, "evaluate"),
+    "full-deep4-cosine-concat": ("4+4 layers (9.4M parameters), cosine schedule to zero over 29 "
+                                 "epochs and concatenation 0.2 (29 epochs of the deeper model "
+                                 "take about the 3+3 model's 38)",
+                                 {"model.n_layers": "4", "train.schedule": "cosine",
+                                  "train.concat_ratio": "0.2", "train.epochs": "29"},
+                                 "evaluate"),
     "full-zh-en": ("the committed recipe, Chinese → English on the same corpus (BLEU 13a)",
                    {"pair.source_lang": "zh", "pair.target_lang": "en",
                     "pair.source_column": "1", "pair.target_column": "0"}, "evaluate"),
