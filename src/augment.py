@@ -13,6 +13,10 @@ the train split is ever changed; valid, test and inference keep the best segment
   data-parallel ranks disagree.
 * **Concatenation augmentation** (`train.concat_ratio`): extra pairs that join two random
   training pairs on both sides (`EpochPairs`).
+* **Bidirectional training** (`train.bidirectional_epochs`; Ding et al., "Improving Neural
+  Machine Translation by Bidirectional Training", EMNLP 2021): the first epochs also train on
+  every pair reversed (target -> source), so the shared vocabulary and both embeddings learn
+  from twice the sentences; later epochs are the corpus's own direction only.
 
 And one regulariser per step: **target word dropout** (`train.target_word_dropout`), which
 hides decoder-input tokens behind <unk> (`drop_target_words`).
@@ -127,6 +131,15 @@ class Segmentations:
         return Ragged(self.values[take], offsets)
 
 
+def both_directions(sources: Ragged, targets: Ragged) -> tuple[Ragged, Ragged]:
+    """The pairs, then the same pairs reversed: (sources + targets, targets + sources)."""
+    def stacked(first: Ragged, second: Ragged) -> Ragged:
+        offsets = np.concatenate([first.offsets, second.offsets[1:] + first.offsets[-1]])
+        return Ragged(np.concatenate([first.values, second.values]), offsets)
+
+    return stacked(sources, targets), stacked(targets, sources)
+
+
 @dataclass
 class TrainingCorpus:
     """The training split, and how each epoch varies it."""
@@ -136,12 +149,15 @@ class TrainingCorpus:
     concat_ratio: float = 0.0
     subword_alpha: float = 0.0
     candidates: tuple[Segmentations, Segmentations] | None = None  # for subword_alpha > 0
+    bidirectional_epochs: int = 0  # epochs 0..N-1 also train on the reversed pairs
 
     def epoch(self, epoch: int) -> EpochPairs:
         sources, targets = self.ids
         if self.subword_alpha > 0:
             rng = np.random.default_rng((self.seed, epoch, 1))
             sources, targets = (side.sample(self.subword_alpha, rng) for side in self.candidates)
+        if epoch < self.bidirectional_epochs:
+            sources, targets = both_directions(sources, targets)
         return EpochPairs(sources, targets,
                           joined_pairs(len(sources), self.concat_ratio, (self.seed, epoch)))
 

@@ -131,6 +131,8 @@ class TrainParams(Section):
     # subword regularisation: each epoch a training sentence takes one of its 32 best
     # SentencePiece segmentations, P ∝ P(seg)^alpha (0.1-0.5 typical); 0: the best one always
     subword_alpha: float = Field(ge=0, le=1)
+    # the first N epochs also train on every pair reversed (needs tokenize.shared_vocab); 0: off
+    bidirectional_epochs: int = Field(ge=0)
     # probability that a decoder-input subword is replaced by <unk> in training; 0: off
     target_word_dropout: float = Field(ge=0, lt=1)
     clip_norm: float = Field(ge=0)  # 0: no clipping

@@ -79,8 +79,11 @@ def lr_factor(step: int, cfg: TrainParams, total_steps: int) -> float:
 
 def training_corpus(data_dir: Path, cfg: TrainParams, tokenizers) -> TrainingCorpus:
     """The train split's ids, and with subword sampling each sentence's segmentations."""
+    if cfg.bidirectional_epochs and not tokenizers.shared_vocab:
+        raise PipelineError("train.bidirectional_epochs needs one vocabulary for both sides: "
+                            "set tokenize.shared_vocab: true, or train.bidirectional_epochs: 0")
     corpus = TrainingCorpus(load_encoded(data_dir, "train"), cfg.seed, cfg.concat_ratio,
-                            cfg.subword_alpha)
+                            cfg.subword_alpha, bidirectional_epochs=cfg.bidirectional_epochs)
     if cfg.subword_alpha > 0:
         from datasets import load_from_disk
 
@@ -444,14 +447,21 @@ def train(
     if world.distributed:
         torch.manual_seed(cfg.seed + world.rank)  # same initial weights, own dropout masks
     params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
-    n_batches = len(token_batches(*corpus.epoch(0).lengths(), cfg.max_tokens,
-                                  cfg.seed))
-    steps_per_epoch = steps_in_epoch(n_batches, cfg.accumulation_steps, world.size)
-    if steps_per_epoch == 0:
-        raise PipelineError(
-            f"{n_batches} batches cannot give each of {world.size} ranks "
-            f"{cfg.accumulation_steps} per step: lower train.max_tokens or the world size")
-    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
+
+    def epoch_steps(epoch: int) -> int:
+        n_batches = len(token_batches(*corpus.epoch(epoch).lengths(), cfg.max_tokens, cfg.seed))
+        steps = steps_in_epoch(n_batches, cfg.accumulation_steps, world.size)
+        if steps == 0:
+            raise PipelineError(
+                f"{n_batches} batches cannot give each of {world.size} ranks "
+                f"{cfg.accumulation_steps} per step: lower train.max_tokens or the world size")
+        return steps
+
+    # the cosine horizon: bidirectional epochs hold twice the pairs, so count them apart
+    steps_per_epoch = epoch_steps(cfg.bidirectional_epochs)
+    both_ways = min(cfg.bidirectional_epochs, cfg.epochs)
+    total_steps = cfg.max_steps or (steps_per_epoch * (cfg.epochs - both_ways)
+                                    + (epoch_steps(0) * both_ways if both_ways else 0))
     # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
     # hashed once (it reads every byte of the data), then shared with the other ranks
     digest = world.from_main(data_digest(data_dir, tokenizer_dir) if world.is_main else None)

@@ -97,6 +97,7 @@ def train_cfg(**overrides):
         weight_decay=0.0,
         label_smoothing=0.1,
         concat_ratio=0.0,
+        bidirectional_epochs=0,
         subword_alpha=0.0,
         target_word_dropout=0.0,
         clip_norm=1.0,

@@ -177,3 +177,13 @@ def test_vocabulary_too_small_for_the_corpus_names_the_param(tmp_path):
     result = run_stage(root, "tokenize")
     assert_one_line_error(result, "tokenize.vocab_size=40 is too small for this corpus")
     assert "INTERNAL" not in result.stderr
+
+
+def test_bidirectional_training_without_a_shared_vocabulary_names_the_params(tmp_path):
+    from helpers import TINY_PARAMS, tokenize_toy
+
+    separate = {**TINY_PARAMS["tokenize"], "shared_vocab": False}
+    root = tokenize_toy(tmp_path, **{**TINY_PARAMS, "tokenize": separate,
+                                     "train": {"bidirectional_epochs": 1}})
+    result = run_stage(root, "train")
+    assert_one_line_error(result, "train.bidirectional_epochs needs one vocabulary for both sides")

@@ -81,6 +81,22 @@ def test_concatenation_is_drawn_afresh_each_epoch_from_the_seed():
     assert len(plain) == 200 and np.array_equal(plain.lengths()[0], data[0].lengths())
 
 
+def test_bidirectional_epochs_add_every_pair_reversed_then_stop():
+    sources, targets = ragged([[10, 11], [12], [13]]), ragged([[20], [21, 22], [23, 24, 25]])
+    corpus = TrainingCorpus((sources, targets), seed=0, bidirectional_epochs=2)
+    for epoch in (0, 1):
+        pairs = corpus.epoch(epoch)
+        assert len(pairs) == 6
+        assert [pairs.source(i).tolist() for i in range(6)] == sources.tolist() + targets.tolist()
+        assert [pairs.target(i).tolist() for i in range(6)] == targets.tolist() + sources.tolist()
+        assert pairs.lengths()[0].tolist() == [2, 1, 1, 1, 2, 3]
+    later = corpus.epoch(2)
+    assert len(later) == 3 and [later.source(i).tolist() for i in range(3)] == sources.tolist()
+    # concatenation draws from both directions while they are there
+    mixed = TrainingCorpus((sources, targets), seed=0, concat_ratio=1.0, bidirectional_epochs=1)
+    assert len(mixed.epoch(0)) == 12 and len(mixed.epoch(1)) == 6
+
+
 def test_segmentations_are_drawn_by_probability_to_the_power_alpha():
     # sentence 0: candidates [5] (log p -1) and [6, 7] (log p -3); sentence 1: only [8, 9]
     seg = Segmentations(values=np.array([5, 6, 7, 8, 9], np.int32),
