@@ -71,7 +71,7 @@ def default_run(run: dict, decoding: dict, experiments: dict[str, dict]) -> list
                 ["brevity penalty", test["brevity_penalty"]],
                 ["hypotheses with `<unk>`", test["hypotheses_with_unk"]],
                 # byte-fallback pieces that do not form valid UTF-8 decode to U+FFFD
-                ["hypotheses with U+FFFD", test.get("hypotheses_with_replacement_char", 0)],
+                ["hypotheses with U+FFFD", test["hypotheses_with_replacement_char"]],
             ],
         ),
         "BLEU by source length (same run, test split):",
