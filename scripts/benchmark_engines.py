@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from src import generation, paths  # noqa: E402
 from src.scoring import bleu  # noqa: E402
+from src.subword import drop_broken_bytes  # noqa: E402
 from src.to_ctranslate2 import convert, ct2_options, pieces  # noqa: E402
 
 
@@ -59,7 +60,8 @@ class Ct2Engine:
         results = self.translator.translate_batch(
             tokens, **ct2_options(self.target_pieces, beam, new_tokens,
                                   float(self.meta["length_penalty"])))
-        return [self.target.decode(r.hypotheses[0]) for r in results]
+        # As our decoders do: drop stray byte pieces, so both engines are scored alike.
+        return [drop_broken_bytes(self.target.decode(r.hypotheses[0])) for r in results]
 
     def limit(self) -> int:
         return int(self.meta["max_source_tokens"])

@@ -151,22 +151,27 @@ def full_rows(rows: list[dict]) -> list[str]:
           r.get("commit")]
          for r in rows],
     )
+    return lines + row_notes(rows)
+
+
+def row_notes(rows: list[dict]) -> list[str]:
+    """A bullet per row that has a note (how it was run, why it was or was not kept)."""
     notes = [f"- {r['name']}: {r['note']}." for r in rows if r.get("note")]
-    return lines + (notes + [""] if notes else [])
+    return notes + [""] if notes else []
 
 
 def pair_rows(rows: list[dict]) -> list[str]:
     lines = ["## Other language pairs", "",
-             "`full-*` rows are whole runs of the committed recipe in another direction; the "
-             "other rows are short runs that show a pair goes through every stage, not quality "
-             "figures.", ""]
+             "`full-*` rows are whole runs of a full-length recipe (the row says which) in "
+             "another direction; the other rows are short runs that show a pair goes through "
+             "every stage, not quality figures.", ""]
     lines += table(
         ["row", "what", "overrides", "test BLEU", "chrF", "length of training"],
         [[r["name"], r["what"], overrides(r), r["bleu"], r["chrf"],
           f"{r['overrides']['train.max_steps']} steps" if "train.max_steps" in r["overrides"]
           else f"{r.get('epochs')} epochs"] for r in rows],
     )
-    return lines
+    return lines + row_notes(rows)
 
 
 def training_speed(peer: dict) -> list[str]:

@@ -24,7 +24,7 @@ hides decoder-input tokens behind <unk> (`drop_target_words`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -150,8 +150,16 @@ class TrainingCorpus:
     subword_alpha: float = 0.0
     candidates: tuple[Segmentations, Segmentations] | None = None  # for subword_alpha > 0
     bidirectional_epochs: int = 0  # epochs 0..N-1 also train on the reversed pairs
+    # The last epoch built: train counts the first epoch's steps at start-up, then trains on
+    # it; sampling 1M sentences' subwords or doubling them twice would cost a minute.
+    _last: tuple[int, EpochPairs] | None = field(default=None, repr=False)
 
     def epoch(self, epoch: int) -> EpochPairs:
+        if self._last is None or self._last[0] != epoch:
+            self._last = (epoch, self._build(epoch))
+        return self._last[1]
+
+    def _build(self, epoch: int) -> EpochPairs:
         sources, targets = self.ids
         if self.subword_alpha > 0:
             rng = np.random.default_rng((self.seed, epoch, 1))

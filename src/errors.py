@@ -3,7 +3,12 @@
 Stages raise `PipelineError("what is wrong and what to do")`; `run_cli` turns it, usage
 errors, OS errors (disk full, permissions) and even unexpected exceptions into a single
 `error: …` line on stderr, never a traceback. Exit codes: 0 ok, 1 failure, 2 bad command line,
-130 interrupted. `NMT_DEBUG=1` re-raises, for developers who want the traceback.
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM). `NMT_DEBUG=1` re-raises, for developers who
+want the traceback.
+
+SIGTERM (`kill`, a scheduler, a CI timeout, `docker stop`) would end Python without running
+`finally:` blocks, leaving the stage's MLflow run RUNNING forever; `run_cli` turns it into
+`Terminated`, a KeyboardInterrupt, so it unwinds as Ctrl-C does.
 
 Usage errors are recognised by shape (`format_message` + `exit_code`), not by class: typer up
 to 0.2x raises click's exceptions, typer 0.29 raises those of its own vendored click, and a
@@ -13,6 +18,7 @@ class check against one of them silently misses the other.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -22,6 +28,22 @@ import typer
 
 class PipelineError(Exception):
     """A failure caused by input, configuration or environment, explained in one line."""
+
+
+class Terminated(KeyboardInterrupt):
+    """The process got SIGTERM: the user's or a scheduler's stop, handled like Ctrl-C."""
+
+
+# The stops a user or scheduler sends, their message and exit code (128 + signal number).
+STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143)}
+_stopped_by: list[int] = []
+
+
+def _stop(signum, frame) -> None:
+    """Unwind from wherever the process is (`finally:` blocks run), remembering why: typer
+    turns a KeyboardInterrupt into a bare exit code 130 (0.29) or Abort (0.12) on its way out."""
+    _stopped_by.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def one_line(text: str) -> str:
@@ -48,11 +70,17 @@ def _save_traceback() -> str:
 
 def run_cli(app: typer.Typer) -> None:
     """Run a Typer app; every failure ends with one `error: …` line and a non-zero exit."""
+    for signum in STOPS:
+        signal.signal(signum, _stop)
     if os.environ.get("NMT_DEBUG") == "1":
         app()
         return
     try:
-        code = app(standalone_mode=False)  # an explicit typer.Exit(code) returns its code
+        try:
+            code = app(standalone_mode=False)  # an explicit typer.Exit(code) returns its code
+        finally:
+            if _stopped_by:  # typer 0.29 returns 130 for either stop, 0.12 raises Abort
+                _die(*STOPS[_stopped_by[0]])
     except PipelineError as exc:
         _die(str(exc))
     except KeyboardInterrupt:

@@ -21,6 +21,15 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 META = "tokenizer.json"
 # Written by tokenize into the encoded data: the digest of the tokenizer that made the ids.
 ENCODED_WITH = "tokenizer.sha256"
+# With byte_fallback a rare character is several byte pieces (丸 is <0xE4><0xB8><0xB8>); a model
+# that emits only some of them decodes to one U+FFFD per stray byte. Every decoder (PyTorch,
+# ONNX Runtime, the text-in text-out graph) drops them, as it drops a special id: a missing
+# character reads better than a visible error mark.
+BROKEN_BYTE = "\ufffd"
+
+
+def drop_broken_bytes(text: str) -> str:
+    return text.replace(BROKEN_BYTE, "")
 
 
 def tokenizer_digest(tokenizer_dir: Path) -> str:
@@ -72,7 +81,8 @@ class Tokenizers:
         return bool(self.meta["shared_vocab"])
 
     def decode_target(self, ids: list[list[int]]) -> list[str]:
-        return self.target.decode([[i for i in row if i > EOS] for row in ids])
+        texts = self.target.decode([[i for i in row if i > EOS] for row in ids])
+        return [drop_broken_bytes(text) for text in texts]
 
 
 def train_spm(

@@ -15,7 +15,7 @@ tensor plus row offsets; plain ONNX ops cut each row to the model's source limit
 and pad it into the (B, S) `input_ids` the search expects; `max_length` follows the
 `max_length_ratio` as `generation.max_new_tokens` does; after the unchanged BeamSearch node a
 Loop runs `SentencepieceDecoder` on each row (it decodes one row per call), and special ids
-decode to nothing, as in `Translator.run`.
+decode to nothing and stray byte pieces (U+FFFD) are dropped, as in `Translator.run`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from onnx import TensorProto, helper
 
 from src.errors import PipelineError, run_cli
 from src.generation import GRAPH_FORMAT, MAX_BEAM, TEXT_FORMAT, TEXT_INPUT, TEXT_OUTPUT
-from src.subword import EOS, PAD
+from src.subword import BROKEN_BYTE, EOS, PAD
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"  # where onnxruntime-extensions registers its operators
 INT64_MAX = 2**63 - 1
@@ -106,7 +106,9 @@ def _decode_nodes(target_model: bytes) -> tuple[list, list]:
               _const("batch_axis", TensorProto.INT64, [0], []),
               _const("flat", TensorProto.INT64, [-1]),
               _const("empty_text", TensorProto.STRING, [b""], []),
-              _const("no_pieces", TensorProto.INT64, [0], [])]
+              _const("no_pieces", TensorProto.INT64, [0], []),
+              _const("broken_byte", TensorProto.STRING, [BROKEN_BYTE.encode()], [1]),
+              _const("nothing", TensorProto.STRING, [b""], [1])]
     node = helper.make_node
     body = helper.make_graph(
         [node("Gather", ["ids_i64", "step"], ["row"], axis=0),
@@ -126,7 +128,9 @@ def _decode_nodes(target_model: bytes) -> tuple[list, list]:
         node("Loop", ["batch_size", ""], ["row_texts"], body=body),           # (B, 1)
         node("Reshape", ["row_texts", "flat"], ["decoded"]),
         node("Equal", ["row_pieces", "no_pieces"], ["was_blank"]),
-        node("Where", ["was_blank", "empty_text", "decoded"], [TEXT_OUTPUT]),
+        node("StringRegexReplace", ["decoded", "broken_byte", "nothing"], ["repaired"],
+             domain=CONTRIB_DOMAIN, name="DropBrokenBytes"),  # as subword.drop_broken_bytes
+        node("Where", ["was_blank", "empty_text", "repaired"], [TEXT_OUTPUT]),
     ]
     return nodes, consts
 

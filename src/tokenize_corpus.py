@@ -14,6 +14,7 @@ data/tokenize_stats.json (and MLflow).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import tempfile
@@ -121,6 +122,11 @@ def encode_split(part, name: str, tokenizer_dir: Path, work_dir: Path, num_proc:
 
     large = len(part) >= PARALLEL_FROM
     (enable_progress_bars if large else disable_progress_bars)()
+    # datasets would fingerprint the result by hashing fn_kwargs, whose absolute tokenizer
+    # path differs between clones; DVC hashes the fingerprint (state.json) with the data, so
+    # identical ids would get a new hash in every checkout. Input + tokenizer say it all.
+    fingerprint = hashlib.sha256(
+        f"{part._fingerprint} {tokenizer_digest(tokenizer_dir)} {name}".encode()).hexdigest()
     return part.map(
         encode_batch,
         batched=True,
@@ -131,6 +137,7 @@ def encode_split(part, name: str, tokenizer_dir: Path, work_dir: Path, num_proc:
         # here is data/split, an output of the previous stage.
         cache_file_name=str(work_dir / f"{name}.arrow"),
         load_from_cache_file=False,
+        new_fingerprint=fingerprint[:16],
         desc=f"tokenize: encoding {name}",
     )
 

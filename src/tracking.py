@@ -306,7 +306,8 @@ def _parent_run(client, experiment_id: str, group: str, tags: dict[str, str]) ->
 @contextmanager
 def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
               system_metrics: bool = False) -> Iterator[NullRun]:
-    """Open the MLflow run of one stage execution; the run fails if the stage raises.
+    """Open the MLflow run of one stage execution; it ends FINISHED, FAILED if the stage
+    raises, or KILLED if it is interrupted (Ctrl-C, SIGTERM); its repro run ends the same way.
 
     `system_metrics`: sample CPU and memory into the run (unless switched off by
     MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false). If the tracking store cannot be opened, the
@@ -330,6 +331,9 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
     try:
         yield MlflowRun(client, run.info.run_id, parent)
         status = "FINISHED"
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (errors.Terminated): stopped, not broken
+        status = "KILLED"
+        raise
     finally:
         _finish(mlflow, client, parent, status)
 
@@ -380,6 +384,6 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path], system_metri
 def _finish(mlflow, client, parent: str, status: str) -> None:
     try:
         mlflow.end_run(status)
-        client.set_terminated(parent, "FINISHED")
+        client.set_terminated(parent, status)
     except Exception as exc:
         warn_once("end_run", exc)

@@ -458,10 +458,12 @@ def train(
         return steps
 
     # the cosine horizon: bidirectional epochs hold twice the pairs, so count them apart
+    # (epoch 0 last: the corpus keeps the epoch it built last, and training starts there)
     steps_per_epoch = epoch_steps(cfg.bidirectional_epochs)
     both_ways = min(cfg.bidirectional_epochs, cfg.epochs)
+    steps_both_ways = epoch_steps(0) if both_ways else 0
     total_steps = cfg.max_steps or (steps_per_epoch * (cfg.epochs - both_ways)
-                                    + (epoch_steps(0) * both_ways if both_ways else 0))
+                                    + steps_both_ways * both_ways)
     # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
     # hashed once (it reads every byte of the data), then shared with the other ranks
     digest = world.from_main(data_digest(data_dir, tokenizer_dir) if world.is_main else None)
@@ -472,9 +474,13 @@ def train(
     n_params = count_parameters(model)
     global_batch = cfg.max_tokens * batches_per_step(cfg.accumulation_steps, world.size)
     if world.is_main:
+        per_epoch = f"~{steps_per_epoch:,} steps/epoch"
+        if both_ways:
+            per_epoch = f"~{steps_both_ways:,} steps/epoch in both directions" + (
+                f" for the first {both_ways}, then {per_epoch}" if both_ways < cfg.epochs else "")
         print(
             f"train: {n_params:,} parameters, {len(corpus.ids[0]):,} pairs, "
-            f"~{steps_per_epoch:,} steps/epoch on {device}, {world.size} rank(s) x "
+            f"{per_epoch} on {device}, {world.size} rank(s) x "
             f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
             f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} ranks)"
         )

@@ -4,6 +4,7 @@ cosine schedule still reaches zero at the end of the last epoch."""
 from __future__ import annotations
 
 import csv
+import re
 
 from helpers import TINY_PARAMS, run_stage, tokenize_toy
 
@@ -22,6 +23,11 @@ def test_bidirectional_epochs_are_twice_as_long_and_the_cosine_horizon_counts_th
     both_ways, plain = ends[0], ends[1] - ends[0]
     assert ends[2] - ends[1] == plain
     assert 1.6 * plain <= both_ways <= 2.4 * plain  # every pair twice, batched by length
+    # the start-up line names both lengths (it said ~plain for every epoch before)
+    said = re.search(r"~(\d+) steps/epoch in both directions for the first 1, then ~(\d+) "
+                     r"steps/epoch", result.stdout)
+    assert said, result.stdout
+    assert abs(int(said[1]) - both_ways) <= 1 and abs(int(said[2]) - plain) <= 1
     with (root / "models/train_curve.csv").open() as fh:
         last = list(csv.DictReader(fh))[-1]
     # horizon = 2 x plain + 2 x plain steps; counting epoch 1's length three times would

@@ -16,6 +16,7 @@ from helpers import (
     REPO,
     TINY_PARAMS,
     assert_one_line_error,
+    clean_environ,
     fresh_copy,
     run_stage,
     tokenize_toy,
@@ -159,6 +160,39 @@ def test_killed_by_a_signal_mid_run_resumes(tokenized_root, tmp_path):
     assert "resumed from" in result.stdout
 
 
+@pytest.mark.parametrize(("stop", "code", "message"), [
+    (signal.SIGTERM, 143, "error: terminated (SIGTERM)"),
+    (signal.SIGINT, 130, "error: interrupted")])
+def test_a_stopped_run_ends_killed_in_mlflow_and_says_why(tokenized_root, tmp_path, stop, code,
+                                                           message):
+    """`kill` (SIGTERM, as a scheduler or CI timeout sends) or Ctrl-C mid-training: one error
+    line and 128 + the signal as exit code (typer 0.29 alone exits 130 silently for both), and
+    the MLflow stage and repro runs end KILLED. Before, SIGTERM left them RUNNING forever."""
+    import sqlite3
+
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "on",
+           "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", "3"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    last = root / "models/checkpoints/last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "training ended before it could be stopped"
+    proc.send_signal(stop)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert stderr.strip().splitlines()[-1] == message, stderr
+    with sqlite3.connect(root / "mlflow.db") as db:
+        statuses = dict(db.execute("SELECT name, status FROM runs").fetchall())
+    assert statuses.pop("train") == "KILLED"
+    assert list(statuses.values()) == ["KILLED"]  # the repro run around it
+    assert run_stage(root, "train").returncode == 0  # and it resumes as after any stop
+
+
 def test_corrupt_checkpoint_is_named(tokenized_root, tmp_path):
     root = fresh_copy(tokenized_root, tmp_path / "r")
     last = root / "models/checkpoints/last.pt"
@@ -178,6 +212,11 @@ def test_same_seed_twice_gives_identical_split_tokenizer_ids_and_model(uninterru
         first, second = (load_from_disk(str(r / "data" / name)) for r in (uninterrupted, again))
         for part in ("train", "valid", "test"):
             assert first[part].to_dict() == second[part].to_dict(), (name, part)
+        # byte for byte, as DVC hashes them: datasets' state.json carried a fingerprint of
+        # the tokenizer's absolute path, so each clone's data/tokenized got its own hash
+        files = [{p.relative_to(r): p.read_bytes() for p in (r / "data" / name).rglob("*")
+                  if p.is_file()} for r in (uninterrupted, again)]
+        assert files[0] == files[1], name
     for name in ("source.model", "target.model", "tokenizer.json"):
         assert (uninterrupted / "models/tokenizer" / name).read_bytes() == (
             again / "models/tokenizer" / name).read_bytes()

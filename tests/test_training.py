@@ -74,11 +74,22 @@ def test_concatenation_is_drawn_afresh_each_epoch_from_the_seed():
     corpus = TrainingCorpus(data, seed=0, concat_ratio=0.5)
     first = corpus.epoch(0).joined
     assert len(first) == 100
-    assert np.array_equal(first, corpus.epoch(0).joined)  # a resume sees the same
+    resumed = TrainingCorpus(data, seed=0, concat_ratio=0.5)  # a resume sees the same
+    assert np.array_equal(first, resumed.epoch(0).joined)
     assert not np.array_equal(first, corpus.epoch(1).joined)
     # off: the corpus alone, so the default run's batches are exactly as before
     plain = TrainingCorpus(data, seed=0).epoch(0)
     assert len(plain) == 200 and np.array_equal(plain.lengths()[0], data[0].lengths())
+
+
+def test_an_epoch_counted_at_start_up_is_not_built_again_to_train_on(monkeypatch):
+    data = (ragged([[i] for i in range(20)]), ragged([[i] for i in range(20)]))
+    corpus = TrainingCorpus(data, seed=0, concat_ratio=0.5, bidirectional_epochs=2)
+    built, build = [], corpus._build
+    monkeypatch.setattr(corpus, "_build", lambda epoch: built.append(epoch) or build(epoch))
+    for epoch in (2, 0, 0, 1, 2):  # train's start-up counts epochs 2 and 0, then trains
+        corpus.epoch(epoch)
+    assert built == [2, 0, 1, 2]
 
 
 def test_bidirectional_epochs_add_every_pair_reversed_then_stop():
