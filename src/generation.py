@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from src.errors import PipelineError
-from src.subword import drop_broken_bytes
+from src.subword import decode_ids
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
 # A text model (src/text_graph.py): `text` strings (B,) -> `translation` strings (B,), with
@@ -261,8 +261,7 @@ class Translator(LoadedModel):
         src = pad_rows(rows, self.pad)
         hyps = run_search(self.session, src, self.new_tokens(src.shape[1], max_length), beam,
                           float(self.meta["length_penalty"]), self.pad)
-        return [drop_broken_bytes(self.target.decode([t for t in ids if t > self.eos]))
-                for ids in hyps]
+        return decode_ids(self.target, hyps, self.eos)
 
     def translate(self, lines: list[str], beam: int | None = None,
                   max_length: int | None = None, batch_size: int = 32,

@@ -32,6 +32,16 @@ def drop_broken_bytes(text: str) -> str:
     return text.replace(BROKEN_BYTE, "")
 
 
+def decode_ids(processor, rows, eos: int = EOS) -> list[str]:
+    """Id rows to text, as every decoder does it: special ids (<= EOS) vanish, then stray
+    byte pieces (`drop_broken_bytes`)."""
+    ids = [[int(i) for i in row if i > eos] for row in rows]
+    if not ids:  # SentencePiece decodes an empty batch to one "" instead of no strings
+        return []
+    texts = processor.decode(ids)
+    return [drop_broken_bytes(text) for text in texts]
+
+
 def tokenizer_digest(tokenizer_dir: Path) -> str:
     digest = hashlib.sha256()
     for name in ("source.model", "target.model", META):
@@ -81,8 +91,7 @@ class Tokenizers:
         return bool(self.meta["shared_vocab"])
 
     def decode_target(self, ids: list[list[int]]) -> list[str]:
-        texts = self.target.decode([[i for i in row if i > EOS] for row in ids])
-        return [drop_broken_bytes(text) for text in texts]
+        return decode_ids(self.target, ids)
 
 
 def train_spm(
