@@ -35,11 +35,11 @@ from src.reports import LENGTH_BUCKETS  # noqa: E402
 # cmn-eng) and a warmup that fits inside it. Steps rather than minutes, so rows run side by
 # side or on a busy machine still compare equal work. Epochs are ranked by valid loss and the
 # test split is decoded greedily: the cheapest fair comparison.
-# Rows run before bidirectional training became the default keep it off, so each re-runs what
-# its recorded numbers came from.
-ONE_WAY = {"train.bidirectional_epochs": "0"}
+# Rows run before bidirectional training and concatenation became the default keep both off, so
+# each re-runs what its recorded numbers came from (a row that sets either puts its value after).
+EARLIER = {"train.bidirectional_epochs": "0", "train.concat_ratio": "0.0"}
 SHORT = {"train.max_steps": "300", "train.warmup_steps": "150", "train.patience": "0",
-         "train.select_by": "loss", "evaluate.beam_size": "1", **ONE_WAY}
+         "train.select_by": "loss", "evaluate.beam_size": "1", **EARLIER}
 
 # name -> (what it tests, overrides, stage target or None for the whole pipeline up to evaluate)
 ROWS: dict[str, tuple[str, dict[str, str], str]] = {
@@ -66,41 +66,42 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                "pair.source_lang": "zh", "pair.target_lang": "en",
                "pair.source_column": "1", "pair.target_column": "0"}, "evaluate"),
     # Full runs of the whole pipeline (the recipe's ablation): hours each on 2 cores.
-    "full-default": ("the committed recipe: d256, 3+3 layers, dropout 0.2, patience 10; 44 "
-                     "epochs, the first 9 bidirectional (about 53 epochs of tokens)", {},
-                     "evaluate"),
-    "full-default-55": ("the previous recipe: 55 epochs in one direction, patience 10",
-                        {"train.epochs": "55", **ONE_WAY}, "evaluate"),
+    "full-default": ("the committed recipe: d256, 3+3 layers, dropout 0.2, patience 10, "
+                     "concatenation 0.2; 31 epochs, the first 7 bidirectional (each epoch 1.4 "
+                     "times the tokens)", {}, "evaluate"),
+    "full-no-concat": ("the previous recipe, without concatenation: 44 epochs, the first 9 "
+                       "bidirectional (about the same steps and time)",
+                       {"train.concat_ratio": "0.0", "train.epochs": "44",
+                        "train.bidirectional_epochs": "9"}, "evaluate"),
+    "full-subword": ("the default with subword sampling, alpha 0.1 (training side only, "
+                     "resampled each epoch)", {"train.subword_alpha": "0.1"}, "evaluate"),
+    "full-default-55": ("an earlier recipe: 55 epochs in one direction, patience 10",
+                        {"train.epochs": "55", **EARLIER}, "evaluate"),
     "full-old-default": ("the first recipe: 35 epochs in one direction, patience 6",
-                         {"train.epochs": "35", "train.patience": "6", **ONE_WAY}, "evaluate"),
+                         {"train.epochs": "35", "train.patience": "6", **EARLIER}, "evaluate"),
     "full-cand1": ("four levers at once: dropout 0.3, concatenation 0.5, subword sampling "
                    "alpha 0.2, target word dropout 0.1; 26 epochs (each twice the tokens)",
-                   {"model.dropout": "0.3", "train.concat_ratio": "0.5",
+                   {**EARLIER, "model.dropout": "0.3", "train.concat_ratio": "0.5",
                     "train.subword_alpha": "0.2", "train.target_word_dropout": "0.1",
-                    "train.epochs": "26", **ONE_WAY}, "evaluate"),
+                    "train.epochs": "26"}, "evaluate"),
     "full-cand2": ("dropout 0.3 and the whole time budget: 55 epochs, patience 10",
                    {"model.dropout": "0.3", "train.epochs": "55", "train.patience": "10",
-                    **ONE_WAY}, "evaluate"),
+                    **EARLIER}, "evaluate"),
     "full-cosine-concat": ("cosine schedule to zero over 38 epochs and concatenation 0.2 "
                            "(each epoch 1.4 times the tokens, so 38 epochs take about the "
-                           "default's 55)",
-                           {"train.schedule": "cosine", "train.concat_ratio": "0.2",
-                            "train.epochs": "38", **ONE_WAY}, "evaluate"),
+                           "55-epoch recipe's time)",
+                           {**EARLIER, "train.schedule": "cosine",
+                            "train.concat_ratio": "0.2", "train.epochs": "38"}, "evaluate"),
     "full-deep4-cosine-concat": ("4+4 layers (9.4M parameters), cosine schedule to zero over 29 "
                                  "epochs and concatenation 0.2 (29 epochs of the deeper model "
                                  "take about the 3+3 model's 38)",
-                                 {"model.n_layers": "4", "train.schedule": "cosine",
-                                  "train.concat_ratio": "0.2", "train.epochs": "29", **ONE_WAY},
+                                 {**EARLIER, "model.n_layers": "4", "train.schedule": "cosine",
+                                  "train.concat_ratio": "0.2", "train.epochs": "29"},
                                  "evaluate"),
-    "full-default-concat": ("the default with concatenation 0.2: 31 epochs, the first 7 "
-                            "bidirectional (each epoch 1.4 times the tokens, so about the "
-                            "default's steps and time)",
-                            {"train.concat_ratio": "0.2", "train.epochs": "31",
-                             "train.bidirectional_epochs": "7"}, "evaluate"),
     "full-zh-en": ("the 55-epoch recipe, Chinese → English on the same corpus (BLEU 13a)",
                    {"pair.source_lang": "zh", "pair.target_lang": "en",
                     "pair.source_column": "1", "pair.target_column": "0",
-                    "train.epochs": "55", **ONE_WAY}, "evaluate"),
+                    "train.epochs": "55", **EARLIER}, "evaluate"),
     "en-vi": ("short run: English → Vietnamese, train on IWSLT tst2012, test on tst2013",
               {**SHORT, "pair.target_lang": "vi",
                # IWSLT'15 tst2012/tst2013 (.en and .vi), which the repository does not ship:

@@ -2,8 +2,8 @@
 
 Reads docs/experiments.jsonl (rows appended by scripts/experiments.py), docs/benchmarks/*.json
 (the default run, decoding choices, training and translation speed; benchmark_infer.py --json
-writes the speed file) and docs/benchmarks/sample_translations.tsv. Each table names the command
-that produced its numbers.
+writes the speed file) and docs/benchmarks/{sample,long}_translations.tsv. Each table names the
+command that produced its numbers.
 
     python scripts/results.py            # rewrite docs/results.md
     python scripts/results.py --check    # exit 1 if docs/results.md is out of date (CI runs it)
@@ -59,7 +59,9 @@ def default_run(run: dict, decoding: dict, experiments: dict[str, dict]) -> list
         *table(
             ["measure", "value"],
             [
-                ["wall time, all six stages", f"{run['wall_minutes']} min"],
+                # a run stopped and resumed has step time but no single wall-clock figure
+                ["wall time, all six stages", f"{run['wall_minutes']} min"
+                 if run["wall_minutes"] is not None else run["wall_note"]],
                 ["training", f"{t['epochs']} epochs, {t['steps']:,} steps, "
                              f"{t['train_minutes']} min, {t['tokens_per_s']:,} tokens/s"],
                 ["parameters", f"{t['n_parameters']:,}"],
@@ -208,13 +210,14 @@ def translation_speed(speed: dict) -> list[str]:
     return lines
 
 
-def samples(bench: Path) -> list[str]:
-    with (bench / "sample_translations.tsv").open(encoding="utf-8", newline="") as fh:
+def samples(bench: Path, title: str, judged: str, sentences: str) -> list[str]:
+    """A table of sentences written for this page, the default model's output and a verdict."""
+    with (bench / judged).open(encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
-    lines = ["## Sample translations", "",
-             "Sentences written for this page (`docs/sample_sentences.en`, not from the corpus), "
+    lines = [f"## {title}", "",
+             f"Sentences written for this page (`docs/{sentences}`, not from the corpus), "
              "translated by the default run's model: `python -m src.infer --onnx "
-             "models/model.onnx --input docs/sample_sentences.en` (beam 4).", ""]
+             f"models/model.onnx --input docs/{sentences}` (beam 4).", ""]
     lines += table(["English", "model output", "verdict"],
                    [[r["english"], r["model_output"], r["verdict"]] for r in rows])
     return lines
@@ -244,7 +247,9 @@ def render(docs: Path = DOCS) -> str:
     lines += full_rows(full)
     lines += short_rows(short)
     lines += pair_rows(pairs)
-    lines += samples(bench)
+    lines += samples(bench, "Sample translations", "sample_translations.tsv",
+                     "sample_sentences.en")
+    lines += samples(bench, "Longer sentences", "long_translations.tsv", "long_sentences.en")
     return "\n".join(lines).rstrip() + "\n"
 
 

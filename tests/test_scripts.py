@@ -49,6 +49,18 @@ def test_experiment_row_puts_back_the_users_params(tmp_path, monkeypatch, fails)
     assert [c[:3] for c in commands] == [["dvc", "exp", "run"]]  # no git command, ever
 
 
+def test_each_recorded_row_shows_the_overrides_its_command_re_runs():
+    # The results page prints a row's overrides from docs/experiments.jsonl, and
+    # scripts/experiments.py re-runs ROWS: when the defaults change (params.yaml), both must say
+    # the same, or the page names a command that trains something else.
+    experiments = load_script("experiments")
+    recorded = [json.loads(line) for line in
+                (REPO / "docs" / "experiments.jsonl").read_text().splitlines() if line.strip()]
+    drifted = {r["name"]: r["overrides"] for r in recorded
+               if experiments.ROWS[r["name"]][1] != r["overrides"]}
+    assert not drifted
+
+
 def test_results_page_is_up_to_date():
     result = subprocess.run([sys.executable, "scripts/results.py", "--check"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
