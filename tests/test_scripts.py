@@ -54,8 +54,7 @@ def test_each_recorded_row_shows_the_overrides_its_command_re_runs():
     # scripts/experiments.py re-runs ROWS: when the defaults change (params.yaml), both must say
     # the same, or the page names a command that trains something else.
     experiments = load_script("experiments")
-    recorded = [json.loads(line) for line in
-                (REPO / "docs" / "experiments.jsonl").read_text().splitlines() if line.strip()]
+    recorded = experiments.load_results(REPO / "docs" / "experiments.jsonl")
     drifted = {r["name"]: r["overrides"] for r in recorded
                if experiments.ROWS[r["name"]][1] != r["overrides"]}
     assert not drifted
