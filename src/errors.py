@@ -21,7 +21,9 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import traceback
+from contextlib import contextmanager
 
 import typer
 
@@ -44,6 +46,35 @@ def _stop(signum, frame) -> None:
     turns a KeyboardInterrupt into a bare exit code 130 (0.29) or Abort (0.12) on its way out."""
     _stopped_by.append(signum)
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextmanager
+def stops_deferred(doing: str = ""):
+    """Hold a Ctrl-C or SIGTERM that arrives inside the block until the block is done, then act
+    on it: for work that must not be cut in half. MLflow's SQL store, stopped inside a write,
+    keeps its SQLite write lock, and every later call (ending the runs) failed "database is
+    locked", leaving them RUNNING forever. A second stop inside the block acts at once, so a
+    hung tracking server cannot make a stop wait; `doing` names the work, to say so."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python delivers signals to the main thread only
+        return
+    held: list[int] = []
+
+    def hold(signum, frame) -> None:
+        if held:
+            _stop(signum, frame)
+        held.append(signum)
+        if doing:
+            print(f"stopping once {doing} is done (stop again to stop at once)", file=sys.stderr)
+
+    previous = {signum: signal.signal(signum, hold) for signum in STOPS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held and callable(previous[held[0]]):
+            previous[held[0]](held[0], None)
 
 
 def one_line(text: str) -> str:
@@ -81,6 +112,11 @@ def run_cli(app: typer.Typer) -> None:
         finally:
             if _stopped_by:  # typer 0.29 returns 130 for either stop, 0.12 raises Abort
                 _die(*STOPS[_stopped_by[0]])
+        # The work is done and recorded: a stop from here on (during MLflow's exit hooks) ends
+        # the process the ordinary way, not with a traceback from inside an atexit callback
+        # under exit code 0.
+        for signum in STOPS:
+            signal.signal(signum, signal.SIG_DFL)
     except PipelineError as exc:
         _die(str(exc))
     except KeyboardInterrupt:

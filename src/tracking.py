@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from src import paths
+from src import errors, paths
 
 EXPERIMENT = os.environ.get("NMT_EXPERIMENT", "nmt")
 
@@ -81,7 +81,8 @@ PAUSE_AFTER_FAILURE_S = 60.0  # a run skips MLflow calls this long after one fai
 
 
 def best_effort(method):
-    """Run an MLflow call; on failure warn (once per method) and return None.
+    """Run an MLflow call; on failure warn (once per method) and return None. A stop (Ctrl-C,
+    SIGTERM) waits for the call to end: cut inside a write, it locks MLflow's SQLite store.
 
     After a failure the run pauses its MLflow calls for a minute, so a server that went away
     costs training one failed request per minute, not one per logged step.
@@ -92,7 +93,8 @@ def best_effort(method):
         if time.monotonic() < getattr(run, "_paused_until", 0.0):
             return None
         try:
-            return method(run, *args, **kwargs)
+            with errors.stops_deferred(f"MLflow's {method.__name__}"):
+                return method(run, *args, **kwargs)
         except Exception as exc:
             warn_once(method.__name__, exc)
             run._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
@@ -316,26 +318,29 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
     if not enabled():
         yield NullRun()
         return
-    try:
-        opened = _open_run(stage, params, deps, system_metrics and system_metrics_wanted())
-    except Exception as exc:
-        warn_once("tracking", exc)
-        opened = None
-    if opened is None:
-        yield NullRun()
-        return
-    import mlflow
-
-    client, run, parent = opened
+    opened = None
     status = "FAILED"
     try:
-        yield MlflowRun(client, run.info.run_id, parent)
+        with errors.stops_deferred("opening the MLflow run"):  # a stop then acts, below
+            try:
+                opened = _open_run(stage, params, deps,
+                                   system_metrics and system_metrics_wanted())
+            except Exception as exc:
+                warn_once("tracking", exc)
+        if opened is None:
+            yield NullRun()
+        else:
+            client, run, parent = opened
+            yield MlflowRun(client, run.info.run_id, parent)
         status = "FINISHED"
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (errors.Terminated): stopped, not broken
         status = "KILLED"
         raise
     finally:
-        _finish(mlflow, client, parent, status)
+        if opened is not None:
+            import mlflow
+
+            _finish(mlflow, client, parent, status)
 
 
 # What this experiment is for, in MLflow 3's terms (see the module docstring for the UI).
@@ -382,8 +387,13 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path], system_metri
 
 
 def _finish(mlflow, client, parent: str, status: str) -> None:
-    try:
-        mlflow.end_run(status)
-        client.set_terminated(parent, status)
-    except Exception as exc:
-        warn_once("end_run", exc)
+    """End the stage's run, then its repro run; a stop arriving meanwhile waits for both."""
+    with errors.stops_deferred("closing the MLflow runs"):
+        try:
+            mlflow.end_run(status)
+        except Exception as exc:
+            warn_once("end_run", exc)
+        try:
+            client.set_terminated(parent, status)
+        except Exception as exc:
+            warn_once("end_run of the repro run", exc)

@@ -187,3 +187,81 @@ def test_bidirectional_training_without_a_shared_vocabulary_names_the_params(tmp
                                      "train": {"bidirectional_epochs": 1}})
     result = run_stage(root, "train")
     assert_one_line_error(result, "train.bidirectional_epochs needs one vocabulary for both sides")
+
+
+@pytest.fixture
+def stop_handlers():
+    """SIGINT and SIGTERM handled as run_cli handles them, restored afterwards."""
+    import signal
+
+    from src import errors
+
+    previous = {signum: signal.signal(signum, errors._stop) for signum in errors.STOPS}
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    errors._stopped_by.clear()
+
+
+def test_a_stop_while_the_runs_are_closed_waits_until_both_are_ended(stop_handlers):
+    """A SIGTERM that landed between ending the stage's MLflow run and ending its repro run
+    left the repro run RUNNING forever (seen in CI); now both end, then the stop acts."""
+    import signal
+
+    from src import errors, tracking
+
+    ended = []
+
+    class Mlflow:
+        @staticmethod
+        def end_run(status):
+            ended.append(("stage", status))
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered before the next bytecode
+
+    class Client:
+        @staticmethod
+        def set_terminated(run_id, status):
+            ended.append((run_id, status))
+
+    with pytest.raises(errors.Terminated):
+        tracking._finish(Mlflow, Client, "repro", "FINISHED")
+    assert ended == [("stage", "FINISHED"), ("repro", "FINISHED")]
+
+
+def test_a_second_stop_inside_a_deferred_block_acts_at_once(stop_handlers):
+    """So a tracking server that hangs while runs are closed cannot make Ctrl-C wait."""
+    import signal
+
+    from src import errors
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with errors.stops_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the first")
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the second")
+    assert reached == ["after the first"]
+
+
+def test_a_stop_inside_an_mlflow_call_acts_once_the_call_is_done(stop_handlers, monkeypatch,
+                                                                   capsys):
+    """Cut inside a write, MLflow's SQL store kept its SQLite write lock: ending the runs then
+    failed "database is locked" and left both RUNNING (seen at random in CI)."""
+    import signal
+
+    import mlflow
+
+    from src import errors, tracking
+
+    logged = []
+
+    def log_metrics(metrics, step=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+        logged.append(metrics)  # the rest of the write, which the stop used to cut off
+
+    monkeypatch.setattr(mlflow, "log_metrics", log_metrics)
+    with pytest.raises(errors.Terminated):
+        tracking.MlflowRun(None, "run").log_metrics({"loss": 1.0}, step=1)
+    assert logged == [{"loss": 1.0}]
+    assert "stopping once MLflow's log_metrics is done" in capsys.readouterr().err
