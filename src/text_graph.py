@@ -15,7 +15,8 @@ tensor plus row offsets; plain ONNX ops cut each row to the model's source limit
 and pad it into the (B, S) `input_ids` the search expects; `max_length` follows the
 `max_length_ratio` as `generation.max_new_tokens` does; after the unchanged BeamSearch node a
 Loop runs `SentencepieceDecoder` on each row (it decodes one row per call), and special ids
-decode to nothing and stray byte pieces (U+FFFD) are dropped, as in `Translator.run`.
+decode to nothing, stray byte pieces (U+FFFD) are dropped and spaces between CJK characters
+removed, as in `Translator.run` (`subword.decode_ids`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from onnx import TensorProto, helper
 
 from src.errors import PipelineError, run_cli
 from src.generation import GRAPH_FORMAT, MAX_BEAM, TEXT_FORMAT, TEXT_INPUT, TEXT_OUTPUT
-from src.subword import BROKEN_BYTE, EOS, PAD
+from src.subword import BROKEN_BYTE, CJK_RANGES, EOS, PAD
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"  # where onnxruntime-extensions registers its operators
 INT64_MAX = 2**63 - 1
@@ -100,6 +101,23 @@ def _encode_nodes(source_model: bytes, max_source_tokens: int, ratio: float,
     return nodes, consts
 
 
+# subword.join_cjk in RE2, which has no lookarounds: each match consumes the character after the
+# spaces, so in "我 你 他" one pass leaves the second gap; a second pass closes every gap left.
+_CJK_RE2 = "[" + "".join(f"\\x{{{a:x}}}-\\x{{{b:x}}}" for a, b in CJK_RANGES) + "]"
+SPACES_BETWEEN_CJK_RE2 = f"({_CJK_RE2}) +({_CJK_RE2})"
+
+
+def join_cjk_nodes(text: str, joined: str) -> tuple[list, list]:
+    """Nodes string tensor `text` -> `joined` without spaces between CJK characters."""
+    consts = [_const("cjk_gap", TensorProto.STRING, [SPACES_BETWEEN_CJK_RE2.encode()], [1]),
+              _const("cjk_closed", TensorProto.STRING, [rb"\1\2"], [1])]
+    passes = [(text, "half_joined"), ("half_joined", joined)]
+    nodes = [helper.make_node("StringRegexReplace", [source, "cjk_gap", "cjk_closed"], [target],
+                              domain=CONTRIB_DOMAIN, name=f"JoinCJK{i}")
+             for i, (source, target) in enumerate(passes)]
+    return nodes, consts
+
+
 def _decode_nodes(target_model: bytes) -> tuple[list, list]:
     """Nodes sequences (B, 1, T) -> translation (B,) strings, blank where the text was."""
     consts = [_const("squeeze_axis", TensorProto.INT64, [1]),
@@ -130,9 +148,10 @@ def _decode_nodes(target_model: bytes) -> tuple[list, list]:
         node("Equal", ["row_pieces", "no_pieces"], ["was_blank"]),
         node("StringRegexReplace", ["decoded", "broken_byte", "nothing"], ["repaired"],
              domain=CONTRIB_DOMAIN, name="DropBrokenBytes"),  # as subword.drop_broken_bytes
-        node("Where", ["was_blank", "empty_text", "repaired"], [TEXT_OUTPUT]),
     ]
-    return nodes, consts
+    join_nodes, join_consts = join_cjk_nodes("repaired", "joined")
+    nodes += join_nodes + [node("Where", ["was_blank", "empty_text", "joined"], [TEXT_OUTPUT])]
+    return nodes, consts + join_consts
 
 
 def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
