@@ -265,3 +265,20 @@ def test_a_stop_inside_an_mlflow_call_acts_once_the_call_is_done(stop_handlers, 
         tracking.MlflowRun(None, "run").log_metrics({"loss": 1.0}, step=1)
     assert logged == [{"loss": 1.0}]
     assert "stopping once MLflow's log_metrics is done" in capsys.readouterr().err
+
+
+def test_a_deferred_stop_outside_the_cli_still_ends_the_process():
+    """Code that uses the tracking helpers without run_cli (SIGTERM at its default action)
+    must still die of a SIGTERM held during an MLflow call, not carry on as if none came."""
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    code = ("import os, signal\nfrom src import errors\nwith errors.stops_deferred():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n    print('held', flush=True)\n"
+            "print('went on')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == -signal.SIGTERM and result.stdout == "held\n", result
