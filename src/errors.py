@@ -41,6 +41,12 @@ STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGT
 _stopped_by: list[int] = []
 
 
+def stop_as_if(signum: int, why: str) -> None:
+    """Stop as if `signum` had arrived (same unwinding, message and exit code), saying why."""
+    print(f"stopping: {why}", file=sys.stderr)
+    _stop(signum, None)
+
+
 def _stop(signum, frame) -> None:
     """Unwind from wherever the process is (`finally:` blocks run), remembering why: typer
     turns a KeyboardInterrupt into a bare exit code 130 (0.29) or Abort (0.12) on its way out."""

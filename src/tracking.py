@@ -270,6 +270,20 @@ def dvc_process():
     return None
 
 
+def dvc_parent_gone() -> Callable[[], bool]:
+    """A check for long loops: True once the `dvc` process that started this stage has ended.
+
+    DVC does not pass a SIGTERM on to the stage it runs, so `kill <dvc pid>` left training
+    going, unrecorded, and the next `dvc repro` trained beside it in the same checkpoint folder.
+    Only a direct dvc parent counts: under torchrun the agent is the parent and stops ranks
+    itself, and a stage started by hand may outlive its shell (nohup) on purpose.
+    """
+    proc = dvc_process()
+    if proc is None or proc.pid != os.getppid():
+        return lambda: False
+    return lambda: os.getppid() != proc.pid
+
+
 def repro_id() -> str:
     """Same value for every stage of one `dvc repro`: the start time and pid of that dvc process.
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -34,7 +35,7 @@ import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from src import checkpoint, distributed, failpoints, paths, tracking
+from src import checkpoint, distributed, errors, failpoints, paths, tracking
 from src.atomic import atomic_path
 from src.augment import Segmentations, TrainingCorpus, drop_target_words
 from src.batching import (
@@ -275,6 +276,7 @@ def run_training(
                                write=world.is_main)
     selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
     span = batches_per_step(cfg.accumulation_steps, world.size)
+    dvc_gone = tracking.dvc_parent_gone()
     window_tokens, window_start = 0, time.perf_counter()
     with progress_bar(show=world.is_main) as bar:
         say = bar.console.print if world.is_main else (lambda *a, **k: None)
@@ -297,6 +299,8 @@ def run_training(
             step_start = time.perf_counter()
             # The budget is checked before a step, so a resumed run never takes one too many.
             while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
+                if dvc_gone():  # `kill <dvc pid>`: stop as the signal would have (checkpoint kept)
+                    errors.stop_as_if(signal.SIGTERM, "the dvc process running this stage ended")
                 group = epoch_batches[st.batch_in_epoch : st.batch_in_epoch + span]
                 batches = [
                     make_batch([pairs.source(i) for i in idx], [pairs.target(i) for i in idx],

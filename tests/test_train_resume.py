@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 from helpers import (
@@ -198,6 +199,44 @@ def test_a_stopped_run_ends_killed_in_mlflow_and_says_why(tokenized_root, tmp_pa
     assert list(statuses.values()) == ["KILLED"], stderr  # the repro run around it
     params.write_text(three_epochs)  # (epochs do not shape the trajectory: a free key)
     assert run_stage(root, "train").returncode == 0  # and it resumes as after any stop
+
+
+def test_training_stops_when_the_dvc_process_running_it_is_killed(tokenized_root, tmp_path):
+    """DVC does not pass SIGTERM on to its stage: `kill <dvc pid>` left training running,
+    unrecorded, beside the next `dvc repro`. A stand-in `dvc` (a script of that name, as
+    tracking.dvc_process recognises it) starts train and is killed; train stops at its next
+    step with the stop's exit code and keeps its checkpoint for the resume."""
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    params = root / "params.yaml"
+    params.write_text(re.sub(r"(?m)^(\s+epochs:) 3\b", r"\1 300", params.read_text()))
+    stand_in = tmp_path / "bin" / "dvc"
+    stand_in.parent.mkdir()
+    stand_in.write_text(
+        "import subprocess, sys\n"
+        "train = subprocess.Popen([sys.executable, '-m', 'src.train', "
+        "'--checkpoint-every-steps', '3'], stdout=subprocess.DEVNULL, "
+        f"stderr=open({str(tmp_path / 'train.err')!r}, 'w'))\n"
+        f"open({str(tmp_path / 'train.pid')!r}, 'w').write(str(train.pid))\n"
+        "train.wait()\n")
+    env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+    dvc = subprocess.Popen([sys.executable, str(stand_in)], cwd=REPO, env=env)
+    last = root / "models/checkpoints/last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline and dvc.poll() is None:
+        time.sleep(0.05)
+    assert dvc.poll() is None, "training ended before its parent could be killed"
+    train = psutil.Process(int((tmp_path / "train.pid").read_text()))
+    dvc.kill()
+    dvc.wait()
+    try:  # an orphan's exit code goes to whoever adopts it: the message is what we can see
+        train.wait(timeout=120)
+    except psutil.TimeoutExpired:
+        train.kill()
+        pytest.fail("training went on after the dvc process running it was killed")
+    err = (tmp_path / "train.err").read_text().strip().splitlines()
+    assert err[-2:] == ["stopping: the dvc process running this stage ended",
+                        "error: terminated (SIGTERM)"], err
+    assert last.exists()
 
 
 def test_corrupt_checkpoint_is_named(tokenized_root, tmp_path):
