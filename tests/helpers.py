@@ -129,6 +129,15 @@ def tokenize_toy(root: Path, **overrides: dict) -> Path:
     return root
 
 
+def set_train_params(root: Path, **train) -> None:
+    """Set keys of the `train:` section in root's params.yaml, e.g. epochs=300."""
+    text = (root / "params.yaml").read_text()
+    for key, value in train.items():
+        lines = [ln for ln in text.splitlines() if ln.strip().startswith(f"{key}:")]
+        text = text.replace(lines[0], f"  {key}: {value}")
+    (root / "params.yaml").write_text(text)
+
+
 def fresh_copy(src: Path, dst: Path) -> Path:
     """A copy of a tokenized project without its trained models (the tokenizer kept)."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("models"))

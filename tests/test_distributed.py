@@ -13,7 +13,14 @@ import time
 
 import pytest
 import torch
-from helpers import REPO, TINY_PARAMS, fresh_copy, tokenize_toy, train_with_failpoint
+from helpers import (
+    REPO,
+    TINY_PARAMS,
+    fresh_copy,
+    set_train_params,
+    tokenize_toy,
+    train_with_failpoint,
+)
 
 pytestmark = pytest.mark.slow
 STEPS = 20
@@ -38,14 +45,6 @@ TINY = {
 @pytest.fixture(scope="module")
 def tokenized_root(tmp_path_factory):
     return tokenize_toy(tmp_path_factory.mktemp("ddp"), **TINY)
-
-
-def set_params(root, **train):
-    text = (root / "params.yaml").read_text()
-    for key, value in train.items():
-        lines = [ln for ln in text.splitlines() if ln.strip().startswith(f"{key}:")]
-        text = text.replace(lines[0], f"  {key}: {value}")
-    (root / "params.yaml").write_text(text)
 
 
 def train(root, failpoint: str = "", every: int = 500) -> subprocess.CompletedProcess:
@@ -73,7 +72,7 @@ def test_two_ranks_match_one_process_with_accumulation(tokenized_root, two_ranks
     two, result = two_ranks
     assert "2 rank(s)" in result.stdout and "600 tokens" in result.stdout
     one = fresh_copy(tokenized_root, tmp_path / "one")
-    set_params(one, nproc_per_node=1, accumulation_steps=2)
+    set_train_params(one, nproc_per_node=1, accumulation_steps=2)
     assert train(one).returncode == 0
     a, b = losses(one), losses(two)
     assert len(a) == len(b) == STEPS
@@ -112,7 +111,7 @@ def test_a_failing_rank_stops_the_run_with_one_line(tokenized_root, tmp_path):
 def test_resume_with_another_world_size_says_what_changes(tokenized_root, two_ranks, tmp_path):
     root = fresh_copy(tokenized_root, tmp_path / "r")
     assert train(root, "after_periodic_save:1", every=6).returncode == 1
-    set_params(root, nproc_per_node=1)
+    set_train_params(root, nproc_per_node=1)
     result = train(root)
     assert result.returncode == 0, result.stderr
     assert "resumed with 1 ranks where last.pt was written by 2" in result.stderr

@@ -4,7 +4,6 @@ ends; a params change never deletes checkpoints; a corrupt last.pt is named."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from helpers import (
     clean_environ,
     fresh_copy,
     run_stage,
+    set_train_params,
     tokenize_toy,
     train_with_failpoint,
 )
@@ -175,9 +175,7 @@ def test_a_stopped_run_ends_killed_in_mlflow_and_says_why(tokenized_root, tmp_pa
     root = fresh_copy(tokenized_root, tmp_path / "r")
     # Far more epochs than it will run: 3 end ~2 s after the first checkpoint, and on a loaded
     # machine the stop then landed while the runs were being closed, a different case (below)
-    params = root / "params.yaml"
-    three_epochs = params.read_text()
-    params.write_text(re.sub(r"(?m)^(\s+epochs:) 3\b", r"\1 300", three_epochs))
+    set_train_params(root, epochs=300)
     env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "on",
            "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false"}
     proc = subprocess.Popen(
@@ -197,7 +195,7 @@ def test_a_stopped_run_ends_killed_in_mlflow_and_says_why(tokenized_root, tmp_pa
         statuses = dict(db.execute("SELECT name, status FROM runs").fetchall())
     assert statuses.pop("train") == "KILLED", stderr
     assert list(statuses.values()) == ["KILLED"], stderr  # the repro run around it
-    params.write_text(three_epochs)  # (epochs do not shape the trajectory: a free key)
+    set_train_params(root, epochs=3)  # (epochs do not shape the trajectory: a free key)
     assert run_stage(root, "train").returncode == 0  # and it resumes as after any stop
 
 
@@ -207,8 +205,7 @@ def test_training_stops_when_the_dvc_process_running_it_is_killed(tokenized_root
     tracking.dvc_process recognises it) starts train and is killed; train stops at its next
     step with the stop's exit code and keeps its checkpoint for the resume."""
     root = fresh_copy(tokenized_root, tmp_path / "r")
-    params = root / "params.yaml"
-    params.write_text(re.sub(r"(?m)^(\s+epochs:) 3\b", r"\1 300", params.read_text()))
+    set_train_params(root, epochs=300)
     stand_in = tmp_path / "bin" / "dvc"
     stand_in.parent.mkdir()
     stand_in.write_text(
