@@ -79,10 +79,12 @@ def stops_deferred(doing: str = ""):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if held and callable(previous[held[0]]):
-            previous[held[0]](held[0], None)
-        elif held and previous[held[0]] == signal.SIG_DFL:  # outside run_cli: die as asked
-            os.kill(os.getpid(), held[0])
+        if held:
+            handler = previous[held[0]]
+            if callable(handler):
+                handler(held[0], None)
+            elif handler == signal.SIG_DFL:  # outside run_cli: die as asked
+                os.kill(os.getpid(), held[0])
 
 
 def one_line(text: str) -> str:
