@@ -162,6 +162,16 @@ def test_killed_by_a_signal_mid_run_resumes(tokenized_root, tmp_path):
     assert "resumed from" in result.stdout
 
 
+def first_checkpoint(root, proc: subprocess.Popen):
+    """Wait until the training `proc` started in `root` has saved last.pt; its path."""
+    last = root / "models/checkpoints/last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "training ended before it could be stopped"
+    return last
+
+
 @pytest.mark.parametrize(("stop", "code", "message"), [
     (signal.SIGTERM, 143, "error: terminated (SIGTERM)"),
     (signal.SIGINT, 130, "error: interrupted")])
@@ -182,11 +192,7 @@ def test_a_stopped_run_ends_killed_in_mlflow_and_says_why(tokenized_root, tmp_pa
         [sys.executable, "-m", "src.train", "--checkpoint-every-steps", "3"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    last = root / "models/checkpoints/last.pt"
-    deadline = time.time() + 300
-    while not last.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, "training ended before it could be stopped"
+    first_checkpoint(root, proc)
     proc.send_signal(stop)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == code, stderr
@@ -217,11 +223,7 @@ def test_training_stops_when_the_dvc_process_running_it_is_killed(tokenized_root
         "train.wait()\n")
     env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
     dvc = subprocess.Popen([sys.executable, str(stand_in)], cwd=REPO, env=env)
-    last = root / "models/checkpoints/last.pt"
-    deadline = time.time() + 300
-    while not last.exists() and time.time() < deadline and dvc.poll() is None:
-        time.sleep(0.05)
-    assert dvc.poll() is None, "training ended before its parent could be killed"
+    last = first_checkpoint(root, dvc)
     train = psutil.Process(int((tmp_path / "train.pid").read_text()))
     dvc.kill()
     dvc.wait()
