@@ -77,7 +77,7 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                         "train.bidirectional_epochs": "9"}, "evaluate"),
     "full-subword": ("the default with subword sampling, alpha 0.1 (training side only, "
                      "resampled each epoch); sampled segmentations are ~16% longer, so 26 "
-                     "epochs (the first 7 bidirectional) match the default's steps",
+                     "epochs (the first 7 bidirectional) match the 31-epoch default's steps",
                      {"train.subword_alpha": "0.1", "train.epochs": "26"}, "evaluate"),
     "full-default-55": ("an earlier recipe: 55 epochs in one direction, patience 10",
                         {"train.epochs": "55", **EARLIER}, "evaluate"),
