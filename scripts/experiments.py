@@ -79,6 +79,9 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                      "resampled each epoch); sampled segmentations are ~16% longer, so 26 "
                      "epochs (the first 7 bidirectional) match the 31-epoch default's steps",
                      {"train.subword_alpha": "0.1", "train.epochs": "26"}, "evaluate"),
+    "full-word-dropout": ("the default with target word dropout 0.1 (decoder-input subwords "
+                          "replaced by <unk>; no extra compute)",
+                          {"train.target_word_dropout": "0.1"}, "evaluate"),
     "full-default-55": ("an earlier recipe: 55 epochs in one direction, patience 10",
                         {"train.epochs": "55", **EARLIER}, "evaluate"),
     "full-old-default": ("the first recipe: 35 epochs in one direction, patience 6",
