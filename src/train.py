@@ -7,9 +7,10 @@ batches, an optional training-time budget (`train.max_minutes`). After each epoc
 is scored (loss, and greedy BLEU when `train.select_by: bleu`); that score drives early
 stopping, best.pt and which epochs are averaged. Every `checkpoint_every_steps` and at each epoch
 end `models/checkpoints/last.pt` (weights, optimizer, scheduler, step, RNG) is written
-atomically, so a killed run resumes where it stopped when started again with the same params
-and data. The final `models/model.pt` averages the `train.average_last` best epoch checkpoints
-(by the selection score), so no test sentence ever picks a checkpoint. Its valid BLEU, the
+atomically, and a Ctrl-C or SIGTERM writes it at the step it stops after, so a stopped or
+killed run resumes where it stopped when started again with the same params and data. The
+final `models/model.pt` averages the `train.average_last` best epoch checkpoints (by the
+selection score), so no test sentence ever picks a checkpoint. Its valid BLEU, the
 training minutes and tokens/s are the DVC metrics (models/train_metrics.json); the rest of the
 summary goes to models/train_stats.json, and MLflow gets both plus CPU/memory system metrics.
 
@@ -27,7 +28,7 @@ import random
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +239,7 @@ class Trainer:
                 self.scaler.scale(loss / max(n_target, 1) * self.world.size).backward()
             loss_sum += loss.item()
             tokens += batch.n_tokens
+            failpoints.hit("during_step")
         loss_sum, tokens = self.world.sum([loss_sum, tokens])
         self.scaler.unscale_(self.optimizer)
         if self.cfg.clip_norm > 0:
@@ -300,50 +302,53 @@ def run_training(
             # The budget is checked before a step, so a resumed run never takes one too many.
             while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
                 if dvc_gone():  # `kill <dvc pid>`: stop as the signal would have (checkpoint kept)
-                    errors.stop_as_if(signal.SIGTERM, "the dvc process running this stage ended")
-                group = epoch_batches[st.batch_in_epoch : st.batch_in_epoch + span]
-                batches = [
-                    make_batch([pairs.source(i) for i in idx], [pairs.target(i) for i in idx],
-                               max_positions)
-                    for idx in rank_share(group, world.rank, world.size)
-                ]
-                n_target = int(sum(target_tokens[idx].sum() for idx in group))
-                loss, tokens = trainer.step(batches, n_target)
-                st.batch_in_epoch += len(group)
-                st.step += 1
-                st.last_loss = loss
-                st.tokens_seen += tokens
-                window_tokens += tokens
-                now = time.perf_counter()
-                st.train_seconds += now - step_start
-                step_start = now
-                lr = trainer.scheduler.get_last_lr()[0]
-                if not math.isfinite(loss):
-                    raise PipelineError(
-                        f"training diverged at step {st.step} (loss {loss}); "
-                        "lower train.lr or raise train.warmup_steps"
-                    )
-                if st.step % cfg.log_every_steps == 0:
-                    tps = window_tokens / max(now - window_start, 1e-9)
-                    window_tokens, window_start = 0, now
-                    row = {
-                        "step": st.step,
-                        "loss": round(loss, 4),
-                        "lr": lr,
-                        "tokens_per_s": round(tps, 1),
-                    }
-                    st.curve.append(row)
-                    run.log_metrics(
-                        {"train_loss": loss, "lr": lr, "tokens_per_s": tps}, step=st.step
-                    )
-                    bar.update(task, tps=tps)
-                bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
-                if st.step % checkpoint_every_steps == 0:
-                    trainer.save_last()
-                    failpoints.hit("after_periodic_save")
+                    with saved_if_stopped(trainer, say):
+                        errors.stop_as_if(signal.SIGTERM,
+                                          "the dvc process running this stage ended")
+                # A stop waits until the step, its logs and a periodic save are done, then
+                # saves last.pt there (one_step)
+                with one_step(trainer, say):
+                    group = epoch_batches[st.batch_in_epoch : st.batch_in_epoch + span]
+                    batches = [
+                        make_batch([pairs.source(i) for i in idx],
+                                   [pairs.target(i) for i in idx], max_positions)
+                        for idx in rank_share(group, world.rank, world.size)
+                    ]
+                    n_target = int(sum(target_tokens[idx].sum() for idx in group))
+                    loss, tokens = trainer.step(batches, n_target)
+                    st.batch_in_epoch += len(group)
+                    st.step += 1
+                    st.last_loss = loss
+                    st.tokens_seen += tokens
+                    window_tokens += tokens
+                    now = time.perf_counter()
+                    st.train_seconds += now - step_start
+                    step_start = now
+                    lr = trainer.scheduler.get_last_lr()[0]
+                    if not math.isfinite(loss):
+                        raise PipelineError(
+                            f"training diverged at step {st.step} (loss {loss}); "
+                            "lower train.lr or raise train.warmup_steps"
+                        )
+                    if st.step % cfg.log_every_steps == 0:
+                        tps = window_tokens / max(now - window_start, 1e-9)
+                        window_tokens, window_start = 0, now
+                        st.curve.append({"step": st.step, "loss": round(loss, 4), "lr": lr,
+                                         "tokens_per_s": round(tps, 1)})
+                        run.log_metrics(
+                            {"train_loss": loss, "lr": lr, "tokens_per_s": tps}, step=st.step
+                        )
+                        bar.update(task, tps=tps)
+                    bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
+                    if st.step % checkpoint_every_steps == 0:
+                        trainer.save_last()
+                        failpoints.hit("after_periodic_save")
             failpoints.hit("before_validation")
-            # Rank 0 scores the valid split; the others wait for its numbers.
-            valid = world.from_main(score_valid(model, trainer.device) if world.is_main else None)
+            # Rank 0 scores the valid split; the others wait for its numbers. A stop here saves
+            # the epoch's steps (validation changes no state), as one between steps does.
+            with saved_if_stopped(trainer, say):
+                valid = world.from_main(score_valid(model, trainer.device) if world.is_main
+                                        else None)
             criterion = valid.pop("criterion")
             st.valid_curve.append(
                 {"epoch": st.epoch + 1, "step": st.step}
@@ -366,6 +371,47 @@ def run_training(
             if reason and st.epoch < cfg.epochs:
                 say(f"stop: {reason}")
     return selection
+
+
+def save_at_stop(trainer: Trainer, say) -> None:
+    """Save last.pt for a stop between steps, where the state is complete: the same state a
+    periodic save there holds, so the resumed run is still bit for bit the uninterrupted one.
+    One process only: under DDP ranks may stop at different steps and saving gathers from all
+    of them, so they resume from the last periodic save."""
+    if trainer.world.distributed:
+        return
+    with errors.stops_deferred("last.pt is saved"):
+        trainer.save_last()
+    say(f"train: stopped at step {trainer.state.step}; saved {trainer.store.last}, "
+        "run again to resume from there")
+
+
+@contextmanager
+def saved_if_stopped(trainer: Trainer, say):
+    """For work that leaves the training state as it found it (validation, a check between
+    steps): a stop inside the block saves last.pt first."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        save_at_stop(trainer, say)
+        raise
+
+
+@contextmanager
+def one_step(trainer: Trainer, say):
+    """Around one training step and its bookkeeping: a Ctrl-C or SIGTERM waits until the block
+    is done, then saves last.pt and stops, so a stop loses no finished step (it used to lose up
+    to `--checkpoint-every-steps` of them). A second stop acts at once, mid-step, and saves
+    nothing."""
+    completed = False
+    try:
+        with errors.stops_deferred():
+            yield
+            completed = True
+    except KeyboardInterrupt:
+        if completed:
+            save_at_stop(trainer, say)
+        raise
 
 
 def stop_reason(cfg: TrainParams, st: TrainState, selection: EpochSelection) -> str:

@@ -99,6 +99,38 @@ def test_killed_training_resumes_bitwise_equal(tokenized_root, uninterrupted, tm
     )
 
 
+STOPS = {"SIGTERM": (143, "error: terminated (SIGTERM)"), "SIGINT": (130, "error: interrupted")}
+
+
+@pytest.mark.parametrize(("point", "stop"), [
+    ("during_step", "SIGTERM"), ("during_step", "SIGINT"), ("during_validation", "SIGTERM")])
+def test_a_stop_saves_every_finished_step_and_resumes_bitwise(tokenized_root, uninterrupted,
+                                                              tmp_path, point, stop):
+    """`kill` or Ctrl-C in the middle of a step (after the backward pass, before the optimizer
+    update) or during validation, with no periodic save in the epoch: the step is finished,
+    last.pt is saved after it, and the resumed run ends bit for bit where the uninterrupted one
+    does. Before, a stop threw away every step since the last save (a real run: 193 steps)."""
+    root = fresh_copy(tokenized_root, tmp_path / "r")
+    rows = (uninterrupted / "models/valid_curve.csv").read_text().splitlines()[1:3]
+    end_1, end_2 = (int(row.split(",")[1]) for row in rows)  # steps at the end of epochs 1, 2
+    # two steps into epoch 2, or epoch 2's validation: (failpoint, step, batch in the epoch)
+    failpoint, step, batch = {
+        "during_step": (f"during_step:{end_1 + 2}", end_1 + 2, 2),
+        "during_validation": ("during_validation:2", end_2, end_2 - end_1)}[point]
+    stopped = train(root, f"{failpoint}={stop}", every=100_000)
+    code, message = STOPS[stop]
+    assert stopped.returncode == code, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == message, stopped.stderr
+    assert f"stopped at step {step}; saved" in stopped.stdout
+    state = torch.load(root / "models/checkpoints/last.pt", weights_only=True)["state"]
+    assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (step, 1, batch)
+    resumed = train(root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and f"at step {step}," in resumed.stdout
+    expected, got = weights(uninterrupted), weights(root)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
 def test_resume_at_max_steps_takes_no_extra_step(tokenized_root, uninterrupted, tmp_path):
     """Killed right after the periodic save that reached train.max_steps, before validation:
     the resumed run validates and stops at exactly max_steps (it used to take one more)."""
