@@ -82,6 +82,8 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
     "full-word-dropout": ("the default with target word dropout 0.1 (decoder-input subwords "
                           "replaced by <unk>; no extra compute)",
                           {"train.target_word_dropout": "0.1"}, "evaluate"),
+    "full-heads2": ("the default with 2 attention heads instead of 4 (head size 128; same "
+                    "parameters)", {"model.n_heads": "2"}, "evaluate"),
     "full-default-55": ("an earlier recipe: 55 epochs in one direction, patience 10",
                         {"train.epochs": "55", **EARLIER}, "evaluate"),
     "full-old-default": ("the first recipe: 35 epochs in one direction, patience 6",
