@@ -175,7 +175,7 @@ class ModelConfig:
     tgt_vocab: int
     d_model: int = 256
     n_heads: int = 4
-    n_layers: int = 3  # encoder and decoder layers each
+    n_layers: int = 3  # encoder layers, and decoder layers unless decoder_layers is set
     ffn_dim: int = 1024
     dropout: float = 0.1
     pre_norm: bool = True
@@ -183,6 +183,12 @@ class ModelConfig:
     tie_embeddings: bool = True  # output projection = target embedding
     share_source_embedding: bool = False  # source embedding too (one shared vocabulary)
     decoder_layerdrop: float = 0.0  # training only: skip each decoder layer with this chance
+    # Last, with a default, so checkpoints written before it existed still load (as n_layers).
+    decoder_layers: int = 0  # 0: as many as n_layers
+
+    @property
+    def n_decoder_layers(self) -> int:
+        return self.decoder_layers or self.n_layers
 
 
 class Transformer(nn.Module):
@@ -195,7 +201,7 @@ class Transformer(nn.Module):
         if c.share_source_embedding:  # one vocabulary for both sides: one embedding matrix
             self.src_embed.token.weight = self.tgt_embed.token.weight
         self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(c.n_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(c.n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(c.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
         self.enc_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
@@ -292,6 +298,7 @@ def model_config(params, src_vocab: int, tgt_vocab: int, shared_vocab: bool) -> 
         tie_embeddings=params.tie_embeddings,
         share_source_embedding=params.tie_embeddings and shared_vocab,
         decoder_layerdrop=params.decoder_layerdrop,
+        decoder_layers=params.decoder_layers,
     )
 
 

@@ -104,6 +104,7 @@ class ModelParams(Section):
     max_positions: int = Field(gt=0)
     tie_embeddings: bool
     decoder_layerdrop: float = Field(ge=0, lt=1)  # chance a decoder layer is skipped in training
+    decoder_layers: int = Field(ge=0)  # 0: as many as n_layers
 
     @model_validator(mode="after")
     def _heads_divide_width(self):

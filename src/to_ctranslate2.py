@@ -80,7 +80,7 @@ def build_spec(model, source_pieces: list[str], target_pieces: list[str]):
     if not c.pre_norm:
         raise PipelineError("CTranslate2 conversion supports pre-norm models (model.pre_norm)")
     spec = transformer_spec.TransformerSpec.from_config(
-        (c.n_layers, c.n_layers), c.n_heads, pre_norm=True,
+        (c.n_layers, c.n_decoder_layers), c.n_heads, pre_norm=True,
         activation=common_spec.Activation.RELU)
     encoder, decoder = spec.encoder, spec.decoder
     _inputs(encoder, encoder.embeddings[0], model.src_embed)  # a list: one source feature

@@ -138,3 +138,25 @@ def test_decoder_layerdrop_skips_whole_layers_in_training_only():
     model.train()
     model.config = dataclasses.replace(model.config, decoder_layerdrop=0.0)
     assert torch.allclose(model.decode(tgt, memory, mask), model.eval().decode(tgt, memory, mask))
+
+
+def test_decoder_layers_sets_the_decoder_depth_alone(tmp_path):
+    """n_layers 2 with decoder_layers 1: two encoder layers, one decoder layer, and the cache and
+    cross keys follow the decoder; a config saved before decoder_layers existed still loads."""
+    from dataclasses import asdict
+
+    from src import checkpoint
+
+    model = Transformer(ModelConfig(50, 50, d_model=16, n_heads=2, n_layers=2, ffn_dim=32,
+                                    decoder_layers=1)).eval()
+    assert (len(model.encoder), len(model.decoder)) == (2, 1)
+    memory, _ = model.encode(torch.tensor([[5, 6, 3]]))
+    assert len(model.cross_kv(memory)) == len(model.empty_cache(1)) == 1
+
+    equal = tiny_model()
+    assert (len(equal.encoder), len(equal.decoder)) == (2, 2)
+    old = {"model": equal.state_dict(),
+           "config": {k: v for k, v in asdict(equal.config).items() if k != "decoder_layers"}}
+    checkpoint.save(old, tmp_path / "old.pt")
+    loaded, _ = checkpoint.load_model(tmp_path / "old.pt")
+    assert len(loaded.decoder) == 2

@@ -287,7 +287,7 @@ def test_a_params_change_moves_checkpoints_aside_instead_of_deleting(tmp_path, c
 
     model_params = ModelParams(d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
                                pre_norm=True, max_positions=16, tie_embeddings=True,
-                               decoder_layerdrop=0.0)
+                               decoder_layerdrop=0.0, decoder_layers=0)
     model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
     ckpts = tmp_path / "checkpoints"
     params = trajectory_params(model_params, train_cfg())
@@ -316,7 +316,7 @@ def test_other_data_or_cosine_horizon_is_not_resumed(tmp_path, capsys):
 
     model_params = ModelParams(d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
                                pre_norm=True, max_positions=16, tie_embeddings=True,
-                               decoder_layerdrop=0.0)
+                               decoder_layerdrop=0.0, decoder_layers=0)
     model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
     cosine = trajectory_params(model_params, train_cfg(schedule="cosine", epochs=3))
     ResumeStore(tmp_path / "c", cosine, "data-v1").save(TrainState(), model)
