@@ -84,6 +84,10 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                           {"train.target_word_dropout": "0.1"}, "evaluate"),
     "full-heads2": ("the default with 2 attention heads instead of 4 (head size 128; same "
                     "parameters)", {"model.n_heads": "2"}, "evaluate"),
+    "full-enc5-dec3": ("the default with a deeper encoder: 5 encoder and 3 decoder layers (9.2M "
+                       "parameters), training capped at 128 minutes",
+                       {"model.n_layers": "5", "model.decoder_layers": "3",
+                        "train.max_minutes": "128"}, "evaluate"),
     "full-default-55": ("an earlier recipe: 55 epochs in one direction, patience 10",
                         {"train.epochs": "55", **EARLIER}, "evaluate"),
     "full-old-default": ("the first recipe: 35 epochs in one direction, patience 6",
