@@ -141,3 +141,58 @@ def test_engine_benchmark_on_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("error: --device cuda needs a GPU")
     assert "Traceback" not in result.stderr
+
+
+def write_translations(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    lines = ["source\treference\thypothesis"] + ["\t".join(row) for row in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def compare_cli(*args: Path | str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts/compare.py"), *map(str, args),
+                           "--target-lang", "zh"], capture_output=True, text=True, timeout=300)
+
+
+def test_compare_finds_the_better_system_and_scores_as_evaluate_does(tmp_path):
+    from toy_corpus import toy_pairs
+
+    from src.scoring import bleu
+
+    pairs = toy_pairs()[::9]  # 120 pairs
+    refs = [zh for _, zh in pairs]
+    # A wrong translation: the next pair's (a similar sentence, so partly right). The baseline
+    # is wrong in every other sentence, the candidate only in every 20th.
+    wrong = refs[1:] + refs[:1]
+    base_hyps = [wrong[i] if i % 2 else refs[i] for i in range(len(refs))]
+    cand_hyps = [wrong[i] if i % 20 == 0 else refs[i] for i in range(len(refs))]
+    base = write_translations(tmp_path / "base.tsv", [(en, zh, h) for (en, zh), h
+                                                      in zip(pairs, base_hyps)])
+    cand = write_translations(tmp_path / "cand.tsv", [(en, zh, h) for (en, zh), h
+                                                      in zip(pairs, cand_hyps)])
+    compare = load_script("compare")
+    result = compare.paired_test(base_hyps, cand_hyps, refs, "zh")
+    # BLEU as evaluate computes it (zh tokenizer): the same numbers, in the right places
+    assert result["BLEU"]["baseline"] == bleu(base_hyps, refs, "zh")
+    assert result["BLEU"]["candidate"] == bleu(cand_hyps, refs, "zh")
+    assert result["BLEU"]["difference"] > 0 and result["BLEU"]["p_value"] < 0.05
+
+    forward, backward = compare_cli(base, cand), compare_cli(cand, base)
+    assert forward.returncode == 0 and backward.returncode == 0, forward.stderr + backward.stderr
+    assert forward.stdout.splitlines()[-1].startswith("candidate is better in BLEU")
+    assert backward.stdout.splitlines()[-1].startswith("baseline is better in BLEU")
+    same = compare_cli(base, base)
+    assert same.stdout.splitlines()[-1].startswith("no significant difference")
+
+
+def test_compare_refuses_translations_of_different_splits(tmp_path):
+    a = write_translations(tmp_path / "a.tsv", [("One cat.", "一只猫。", "一只猫。"),
+                                                ("Two dogs.", "两只狗。", "两只狗。")])
+    b = write_translations(tmp_path / "b.tsv", [("One cat.", "一只猫。", "一只猫。"),
+                                                ("Two birds.", "两只鸟。", "两只狗。")])
+    result = compare_cli(a, b)
+    assert result.returncode == 1
+    assert "row 2 has a different source" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = compare_cli(a, tmp_path / "nowhere.tsv")
+    assert missing.returncode == 1 and "nowhere.tsv not found" in missing.stderr

@@ -1,0 +1,129 @@
+"""Is a candidate's translation of a split better than a baseline's? A paired significance test.
+
+Under a point of corpus BLEU is within the noise of our 1,056-row valid split (resampling its
+rows moves BLEU by about one point, one standard deviation), so whether an ablation row beats
+the default is a question for a paired test: both systems are scored on the same resampled
+sentences, which cancels most of the split's own variance. This runs sacreBLEU's paired
+bootstrap resampling (Koehn, EMNLP 2004) or approximate randomisation (Riezler & Maxwell, 2005)
+on two TSVs written by `python -m src.evaluate` for the same split (same sources and
+references in the same order), scoring BLEU with the tokenizer evaluate uses for the target
+language, and chrF.
+
+    # in each run's workspace: translate the valid split with that run's model.pt
+    python -m src.evaluate --split valid --translations valid.tsv \\
+        --metrics valid_metrics.json --stats valid_stats.json
+    python scripts/compare.py baseline/valid.tsv candidate/valid.tsv
+
+The last line is the verdict on BLEU: which system is better at the chosen significance level,
+or that the test cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from anywhere
+
+from src.scoring import bleu_tokenizer  # noqa: E402
+
+COLUMNS = ("source", "reference", "hypothesis")
+
+
+def read_translations(path: Path) -> dict[str, list[str]]:
+    """The columns of an evaluate translations TSV, by name."""
+    if not path.is_file():
+        sys.exit(f"error: {path} not found (write it with `python -m src.evaluate "
+                 f"--translations {path}`)")
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh, delimiter="\t")
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            sys.exit(f"error: {path} has no {', '.join(missing)} column: not a translations "
+                     "TSV from `python -m src.evaluate`")
+        rows = list(reader)
+    return {c: [row[c] or "" for row in rows] for c in COLUMNS}
+
+
+def check_same_split(baseline: dict[str, list[str]], candidate: dict[str, list[str]]) -> None:
+    """A paired test compares sentence by sentence: both files must hold the same pairs."""
+    if len(baseline["source"]) != len(candidate["source"]):
+        sys.exit(f"error: the files translate different splits ({len(baseline['source']):,} vs "
+                 f"{len(candidate['source']):,} rows)")
+    for column in ("source", "reference"):
+        for row, (a, b) in enumerate(zip(baseline[column], candidate[column]), start=1):
+            if a != b:
+                sys.exit(f"error: row {row:,} has a different {column} in the two files "
+                         f"({a!r} vs {b!r}): not the same split, or not in the same order")
+
+
+def paired_test(baseline: list[str], candidate: list[str], references: list[str],
+                target_lang: str, test: str = "bs", samples: int = 1000) -> dict[str, dict]:
+    """Per metric (BLEU, chrF): both scores, the difference and its p-value."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    metrics = {"BLEU": BLEU(tokenize=bleu_tokenizer(target_lang)), "chrF": CHRF()}
+    systems = [("baseline", baseline), ("candidate", candidate)]
+    # sacreBLEU seeds its resampling (SACREBLEU_SEED, 12345 unless set): the p-value repeats.
+    _, scores = PairedTest(systems, metrics, [references], test_type=test,
+                           n_samples=samples)()
+    result = {}
+    for name, (base, cand) in scores.items():
+        if name == "System":
+            continue
+        metric = "BLEU" if name.startswith("BLEU") else "chrF"
+        result[metric] = {"baseline": round(base.score, 2), "candidate": round(cand.score, 2),
+                          "difference": round(cand.score - base.score, 2),
+                          "p_value": cand.p_value}
+    return result
+
+
+def verdict(bleu: dict, alpha: float) -> str:
+    # sacreBLEU counts only resampled differences strictly above the observed one, so two
+    # identical systems would get p = 1/(samples+1): no difference is no difference.
+    if bleu["difference"] == 0 or bleu["p_value"] >= alpha:
+        return (f"no significant difference in BLEU (p = {bleu['p_value']:.4f} >= {alpha}): "
+                "the split cannot tell these systems apart")
+    better = "candidate" if bleu["difference"] > 0 else "baseline"
+    return f"{better} is better in BLEU (p = {bleu['p_value']:.4f} < {alpha})"
+
+
+def main() -> None:
+    from src.errors import PipelineError
+    from src.params import PairParams, load_params
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("baseline", type=Path, help="translations TSV of the baseline")
+    parser.add_argument("candidate", type=Path, help="translations TSV of the candidate")
+    parser.add_argument("--test", choices=("bs", "ar"), default="bs",
+                        help="paired bootstrap resampling (bs) or approximate randomisation (ar)")
+    parser.add_argument("--samples", type=int, default=1000,
+                        help="resamples (bs) or trials (ar); 0: sacreBLEU's default")
+    parser.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    parser.add_argument("--target-lang", default=None,
+                        help="target language, which picks BLEU's tokenizer "
+                             "(default: pair.target_lang of params.yaml)")
+    args = parser.parse_args()
+    try:
+        target_lang = args.target_lang or load_params(PairParams).target_lang
+    except PipelineError as exc:
+        sys.exit(f"error: {exc} (or name the language with --target-lang)")
+    baseline, candidate = read_translations(args.baseline), read_translations(args.candidate)
+    check_same_split(baseline, candidate)
+    result = paired_test(baseline["hypothesis"], candidate["hypothesis"], baseline["reference"],
+                         target_lang, args.test, args.samples)
+    print(f"{len(baseline['source']):,} sentences, target {target_lang}, "
+          f"{'paired bootstrap' if args.test == 'bs' else 'approximate randomisation'}")
+    for metric, r in result.items():
+        print(f"{metric:<5} baseline {r['baseline']:6.2f}  candidate {r['candidate']:6.2f}  "
+              f"difference {r['difference']:+.2f}  p = {r['p_value']:.4f}")
+    print(verdict(result["BLEU"], args.alpha))
+
+
+if __name__ == "__main__":
+    main()
