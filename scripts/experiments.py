@@ -73,7 +73,7 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                       {"train.epochs": "34"}, "evaluate"),
     "full-epochs31": ("an earlier default: the same recipe, 31 epochs",
                       {"train.epochs": "31"}, "evaluate"),
-    "full-no-concat": ("the previous recipe, without concatenation: 44 epochs, the first 9 "
+    "full-no-concat": ("an earlier recipe, without concatenation: 44 epochs, the first 9 "
                        "bidirectional (about the same steps and time)",
                        {"train.concat_ratio": "0.0", "train.epochs": "44",
                         "train.bidirectional_epochs": "9"}, "evaluate"),
