@@ -85,7 +85,9 @@ def paired_test(baseline: list[str], candidate: list[str], references: list[str]
 def verdict(bleu: dict, alpha: float) -> str:
     # sacreBLEU counts only resampled differences strictly above the observed one, so two
     # identical systems would get p = 1/(samples+1): no difference is no difference.
-    if bleu["difference"] == 0 or bleu["p_value"] >= alpha:
+    if bleu["difference"] == 0:
+        return "no significant difference in BLEU: the two systems score the same"
+    if bleu["p_value"] >= alpha:
         return (f"no significant difference in BLEU (p = {bleu['p_value']:.4f} >= {alpha}): "
                 "the split cannot tell these systems apart")
     better = "candidate" if bleu["difference"] > 0 else "baseline"
