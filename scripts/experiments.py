@@ -88,6 +88,8 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
     "full-heads2": ("the 34-epoch default with 2 attention heads instead of 4 (head size 128; "
                     "same parameters)", {"model.n_heads": "2", "train.epochs": "34"},
                     "evaluate"),
+    "full-heads2-e60": ("the default with 2 attention heads instead of 4 (head size 128; same "
+                        "parameters)", {"model.n_heads": "2"}, "evaluate"),
     "full-enc5-dec3": ("the 34-epoch default with a deeper encoder: 5 encoder and 3 decoder "
                        "layers (9.2M parameters), training capped at 128 minutes",
                        {"model.n_layers": "5", "model.decoder_layers": "3",
