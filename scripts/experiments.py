@@ -77,7 +77,7 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                        "bidirectional (about the same steps and time)",
                        {"train.concat_ratio": "0.0", "train.epochs": "44",
                         "train.bidirectional_epochs": "9"}, "evaluate"),
-    "full-subword": ("the default with subword sampling, alpha 0.1 (training side only, "
+    "full-subword": ("the 31-epoch default with subword sampling, alpha 0.1 (training side only, "
                      "resampled each epoch); sampled segmentations are ~16% longer, so 26 "
                      "epochs (the first 7 bidirectional) match the 31-epoch default's steps",
                      {"train.subword_alpha": "0.1", "train.epochs": "26"}, "evaluate"),
