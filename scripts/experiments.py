@@ -90,6 +90,10 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                     "evaluate"),
     "full-heads2-e60": ("the default with 2 attention heads instead of 4 (head size 128; same "
                         "parameters)", {"model.n_heads": "2"}, "evaluate"),
+    "full-concat04-e45": ("the default with twice the concatenation (0.4: each epoch 1.8 times "
+                          "the tokens) over 45 epochs, the first 7 bidirectional, so the run "
+                          "trains as many tokens as the 60-epoch default",
+                          {"train.concat_ratio": "0.4", "train.epochs": "45"}, "evaluate"),
     "full-enc5-dec3": ("the 34-epoch default with a deeper encoder: 5 encoder and 3 decoder "
                        "layers (9.2M parameters), training capped at 128 minutes",
                        {"model.n_layers": "5", "model.decoder_layers": "3",
