@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.dropout import Dropout
 from src.subword import PAD
 
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)
@@ -55,7 +56,7 @@ class Embeddings(nn.Module):
         nn.init.normal_(self.token.weight, std=d_model**-0.5)  # so scaled embeddings have unit std
         self.scale = math.sqrt(d_model)
         self.register_buffer("pe", sinusoidal_positions(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
         length = ids.shape[1]
@@ -101,7 +102,7 @@ class FeedForward(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(d_model, ffn_dim),
             nn.ReLU(),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(ffn_dim, d_model),
         )
 
@@ -115,7 +116,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
