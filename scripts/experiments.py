@@ -71,6 +71,10 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                      "times the tokens)", {}, "evaluate"),
     "full-epochs34": ("the previous default: the same recipe, 34 epochs",
                       {"train.epochs": "34"}, "evaluate"),
+    "full-epochs34-cpu-dropout": ("full-epochs34 re-run with the CPU dropout of src/dropout.py "
+                                  "(same recipe and mask distribution, other random draws): "
+                                  "does the 18% faster training cost quality?",
+                                  {"train.epochs": "34"}, "evaluate"),
     "full-epochs31": ("an earlier default: the same recipe, 31 epochs",
                       {"train.epochs": "31"}, "evaluate"),
     "full-no-concat": ("an earlier recipe, without concatenation: 44 epochs, the first 9 "
