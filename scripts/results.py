@@ -187,8 +187,11 @@ def training_speed(peer: dict) -> list[str]:
              f"{p['tokens_per_s']:,} (2 threads {p['tokens_per_s_2_threads']:,}, 1 thread "
              f"{p['tokens_per_s_1_thread']:,})",
              f"{p['mfu_analytic']:.0%} of {p['matmul_peak_gflops']} GFLOP/s"],
-            ["ours: the train stage", f"`{o['command']}`", f"{o['tokens_per_s']:,}",
+            ["ours: the train stage" + (f" at `{o['commit']}`" if "commit" in o else ""),
+             f"`{o['command']}`", f"{o['tokens_per_s']:,}",
              f"~{o['mfu_analytic_scaled']:.0%} (peer's analytic count)"],
+            *[[f"{v['what']} at `{v['commit']}`", f"`{v['command']}`", f"{v['tokens_per_s']:,}",
+               f"~{v['mfu_analytic_scaled']:.0%}"] for v in peer.get("ours_variants", [])],
         ],
     )
     lines += [f"Peer quality: {q['bleu']} BLEU (beam 4; {q['bleu_greedy']} greedy) after "
