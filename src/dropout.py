@@ -21,11 +21,6 @@ from torch import Tensor, nn
 LEVELS = 1 << 16  # values of one 16-bit mask draw
 
 
-def keep_threshold(p: float) -> int:
-    """The int16 value a draw must reach to keep its element (int16 spans -32768..32767)."""
-    return round(p * LEVELS) - LEVELS // 2
-
-
 def dropout(x: Tensor, p: float) -> Tensor:
     """Zero each element with probability ~p (to 1/65536), scale the rest to keep the mean."""
     if x.device.type != "cpu":
@@ -40,8 +35,8 @@ def dropout(x: Tensor, p: float) -> Tensor:
     # the four 16-bit lanes.
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
     draws = words.view(torch.int16)[:n].view(x.shape)
-    scale = LEVELS / (LEVELS - drop_levels)
-    return x * (draws >= keep_threshold(p)).to(x.dtype).mul_(scale)
+    keep = draws >= drop_levels - LEVELS // 2  # int16 spans -32768..32767
+    return x * keep.to(x.dtype).mul_(LEVELS / (LEVELS - drop_levels))
 
 
 class Dropout(nn.Module):
