@@ -158,7 +158,8 @@ def full_rows(rows: list[dict]) -> list[str]:
 
 def row_notes(rows: list[dict]) -> list[str]:
     """A bullet per row that has a note (how it was run, why it was or was not kept)."""
-    notes = [f"- {r['name']}: {r['note']}." for r in rows if r.get("note")]
+    # A note may already end a sentence; one full stop, not two.
+    notes = [f"- {r['name']}: {r['note'].rstrip('.')}." for r in rows if r.get("note")]
     return notes + [""] if notes else []
 
 

@@ -94,6 +94,12 @@ def test_results_page_follows_the_raw_rows(tmp_path):
             "35.1 | 9 | 10.0 |  |") in page
 
 
+def test_row_notes_end_with_one_full_stop():
+    results = load_script("results")
+    rows = [{"name": "a", "note": "ran once."}, {"name": "b", "note": "ran twice"}, {"name": "c"}]
+    assert results.row_notes(rows) == ["- a: ran once.", "- b: ran twice.", ""]
+
+
 def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
     source = tmp_path / "base.tsv"
     source.write_text("One.\t一。\tcc-by\nTwo.\t二。\tcc-by\n\nbroken line\n", encoding="utf-8")
