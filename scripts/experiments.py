@@ -75,16 +75,19 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                                   "(same recipe and mask distribution, other random draws): "
                                   "does the 18% faster training cost quality?",
                                   {"train.epochs": "34"}, "evaluate"),
+    "full-default-cpu-dropout": ("full-default re-run with the CPU dropout of src/dropout.py "
+                                 "(same recipe and mask distribution, other random draws)",
+                                 {"train.epochs": "60"}, "evaluate"),
     "full-epochs31": ("an earlier default: the same recipe, 31 epochs",
                       {"train.epochs": "31"}, "evaluate"),
     "full-no-concat": ("an earlier recipe, without concatenation: 44 epochs, the first 9 "
                        "bidirectional (about the same steps and time)",
                        {"train.concat_ratio": "0.0", "train.epochs": "44",
                         "train.bidirectional_epochs": "9"}, "evaluate"),
-    "full-subword": ("the 31-epoch default with subword sampling, alpha 0.1 (training side only, "
-                     "resampled each epoch); sampled segmentations are ~16% longer, so 26 "
-                     "epochs (the first 7 bidirectional) match the 31-epoch default's steps",
-                     {"train.subword_alpha": "0.1", "train.epochs": "26"}, "evaluate"),
+    "full-subword": ("the default with subword sampling, alpha 0.1 (training side only, "
+                     "resampled each epoch); sampled segmentations are ~16% longer, so 51 "
+                     "epochs (the first 7 bidirectional) match the 60-epoch default's steps",
+                     {"train.subword_alpha": "0.1", "train.epochs": "51"}, "evaluate"),
     "full-word-dropout": ("the 34-epoch default with target word dropout 0.1 (decoder-input "
                           "subwords replaced by <unk>; no extra compute)",
                           {"train.target_word_dropout": "0.1", "train.epochs": "34"},
