@@ -78,6 +78,9 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
     "full-default-cpu-dropout": ("full-default re-run with the CPU dropout of src/dropout.py "
                                  "(same recipe and mask distribution, other random draws)",
                                  {"train.epochs": "60"}, "evaluate"),
+    "full-e64-avg10": ("the default with 64 epochs instead of 60 and model.pt averaging the 10 "
+                       "best epochs instead of 5",
+                       {"train.epochs": "64", "train.average_last": "10"}, "evaluate"),
     "full-epochs31": ("an earlier default: the same recipe, 31 epochs",
                       {"train.epochs": "31"}, "evaluate"),
     "full-no-concat": ("an earlier recipe, without concatenation: 44 epochs, the first 9 "
