@@ -37,7 +37,9 @@ from src.reports import LENGTH_BUCKETS  # noqa: E402
 # test split is decoded greedily: the cheapest fair comparison.
 # Rows run before bidirectional training and concatenation became the default keep both off, so
 # each re-runs what its recorded numbers came from (a row that sets either puts its value after).
-EARLIER = {"train.bidirectional_epochs": "0", "train.concat_ratio": "0.0"}
+# Every training row before full-e64-avg10 averaged the 5 best epochs (the default until then).
+AVERAGE5 = {"train.average_last": "5"}
+EARLIER = {"train.bidirectional_epochs": "0", "train.concat_ratio": "0.0", **AVERAGE5}
 SHORT = {"train.max_steps": "300", "train.warmup_steps": "150", "train.patience": "0",
          "train.select_by": "loss", "evaluate.beam_size": "1", **EARLIER}
 
@@ -66,48 +68,52 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                "pair.source_lang": "zh", "pair.target_lang": "en",
                "pair.source_column": "1", "pair.target_column": "0"}, "evaluate"),
     # Full runs of the whole pipeline (the recipe's ablation): hours each on 2 cores.
-    "full-default": ("the committed recipe: d256, 3+3 layers, dropout 0.2, patience 10, "
-                     "concatenation 0.2; 60 epochs, the first 7 bidirectional (each epoch 1.4 "
-                     "times the tokens)", {}, "evaluate"),
+    "full-default": ("the 60-epoch recipe before full-e64-avg10: d256, 3+3 layers, dropout "
+                     "0.2, patience 10, concatenation 0.2; 60 epochs, the first 7 "
+                     "bidirectional (each epoch 1.4 times the tokens)",
+                     {"train.epochs": "60", **AVERAGE5}, "evaluate"),
     "full-epochs34": ("the previous default: the same recipe, 34 epochs",
-                      {"train.epochs": "34"}, "evaluate"),
+                      {"train.epochs": "34", **AVERAGE5}, "evaluate"),
     "full-epochs34-cpu-dropout": ("full-epochs34 re-run with the CPU dropout of src/dropout.py "
                                   "(same recipe and mask distribution, other random draws): "
                                   "does the 18% faster training cost quality?",
-                                  {"train.epochs": "34"}, "evaluate"),
+                                  {"train.epochs": "34", **AVERAGE5}, "evaluate"),
     "full-default-cpu-dropout": ("full-default re-run with the CPU dropout of src/dropout.py "
                                  "(same recipe and mask distribution, other random draws)",
-                                 {"train.epochs": "60"}, "evaluate"),
+                                 {"train.epochs": "60", **AVERAGE5}, "evaluate"),
     "full-e64-avg10": ("the default with 64 epochs instead of 60 and model.pt averaging the 10 "
                        "best epochs instead of 5",
                        {"train.epochs": "64", "train.average_last": "10"}, "evaluate"),
     "full-epochs31": ("an earlier default: the same recipe, 31 epochs",
-                      {"train.epochs": "31"}, "evaluate"),
+                      {"train.epochs": "31", **AVERAGE5}, "evaluate"),
     "full-no-concat": ("an earlier recipe, without concatenation: 44 epochs, the first 9 "
                        "bidirectional (about the same steps and time)",
                        {"train.concat_ratio": "0.0", "train.epochs": "44",
-                        "train.bidirectional_epochs": "9"}, "evaluate"),
-    "full-subword": ("the default with subword sampling, alpha 0.1 (training side only, "
-                     "resampled each epoch); sampled segmentations are ~16% longer, so 51 "
-                     "epochs (the first 7 bidirectional) match the 60-epoch default's steps",
-                     {"train.subword_alpha": "0.1", "train.epochs": "51"}, "evaluate"),
+                        "train.bidirectional_epochs": "9", **AVERAGE5}, "evaluate"),
+    "full-subword": ("the 60-epoch default with subword sampling, alpha 0.1 (training side "
+                     "only, resampled each epoch); sampled segmentations are ~16% longer, so "
+                     "51 epochs (the first 7 bidirectional) match its steps",
+                     {"train.subword_alpha": "0.1", "train.epochs": "51", **AVERAGE5},
+                     "evaluate"),
     "full-word-dropout": ("the 34-epoch default with target word dropout 0.1 (decoder-input "
                           "subwords replaced by <unk>; no extra compute)",
-                          {"train.target_word_dropout": "0.1", "train.epochs": "34"},
+                          {"train.target_word_dropout": "0.1", "train.epochs": "34", **AVERAGE5},
                           "evaluate"),
     "full-heads2": ("the 34-epoch default with 2 attention heads instead of 4 (head size 128; "
-                    "same parameters)", {"model.n_heads": "2", "train.epochs": "34"},
+                    "same parameters)", {"model.n_heads": "2", "train.epochs": "34", **AVERAGE5},
                     "evaluate"),
-    "full-heads2-e60": ("the default with 2 attention heads instead of 4 (head size 128; same "
-                        "parameters)", {"model.n_heads": "2"}, "evaluate"),
-    "full-concat04-e45": ("the default with twice the concatenation (0.4: each epoch 1.8 times "
-                          "the tokens) over 45 epochs, the first 7 bidirectional, so the run "
-                          "trains as many tokens as the 60-epoch default",
-                          {"train.concat_ratio": "0.4", "train.epochs": "45"}, "evaluate"),
+    "full-heads2-e60": ("the 60-epoch default with 2 attention heads instead of 4 (head size "
+                        "128; same parameters)",
+                        {"model.n_heads": "2", "train.epochs": "60", **AVERAGE5}, "evaluate"),
+    "full-concat04-e45": ("the 60-epoch default with twice the concatenation (0.4: each epoch "
+                          "1.8 times the tokens) over 45 epochs, the first 7 bidirectional, so "
+                          "the run trains as many tokens",
+                          {"train.concat_ratio": "0.4", "train.epochs": "45", **AVERAGE5},
+                          "evaluate"),
     "full-enc5-dec3": ("the 34-epoch default with a deeper encoder: 5 encoder and 3 decoder "
                        "layers (9.2M parameters), training capped at 128 minutes",
                        {"model.n_layers": "5", "model.decoder_layers": "3",
-                        "train.max_minutes": "128", "train.epochs": "34"}, "evaluate"),
+                        "train.max_minutes": "128", "train.epochs": "34", **AVERAGE5}, "evaluate"),
     "full-default-55": ("an earlier recipe: 55 epochs in one direction, patience 10",
                         {"train.epochs": "55", **EARLIER}, "evaluate"),
     "full-old-default": ("the first recipe: 35 epochs in one direction, patience 6",
