@@ -35,10 +35,10 @@ from src.reports import LENGTH_BUCKETS  # noqa: E402
 # cmn-eng) and a warmup that fits inside it. Steps rather than minutes, so rows run side by
 # side or on a busy machine still compare equal work. Epochs are ranked by valid loss and the
 # test split is decoded greedily: the cheapest fair comparison.
-# Rows run before bidirectional training and concatenation became the default keep both off, so
-# each re-runs what its recorded numbers came from (a row that sets either puts its value after).
 # Every training row before full-e64-avg10 averaged the 5 best epochs (the default until then).
 AVERAGE5 = {"train.average_last": "5"}
+# Rows run before bidirectional training and concatenation became the default keep both off, so
+# each re-runs what its recorded numbers came from (a row that sets either puts its value after).
 EARLIER = {"train.bidirectional_epochs": "0", "train.concat_ratio": "0.0", **AVERAGE5}
 SHORT = {"train.max_steps": "300", "train.warmup_steps": "150", "train.patience": "0",
          "train.select_by": "loss", "evaluate.beam_size": "1", **EARLIER}
