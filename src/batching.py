@@ -45,24 +45,34 @@ def clip_source(ids: list[int], max_positions: int) -> list[int]:
     return list(ids[: max_positions - 1]) + [EOS]
 
 
-def pad(rows) -> Tensor:
-    """Rows (lists or arrays of ids) right-padded with PAD into a (B, longest) long tensor."""
-    width = max(len(r) for r in rows)
+def round_up(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def pad(rows, multiple: int = 1) -> Tensor:
+    """Rows (lists or arrays of ids) right-padded with PAD into a (B, width) long tensor, width
+    the longest row rounded up to `multiple`."""
+    width = round_up(max(len(r) for r in rows), multiple)
     out = np.full((len(rows), width), PAD, dtype=np.int64)
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return torch.from_numpy(out)
 
 
-def make_batch(sources, targets, max_positions: int) -> Batch:
+def make_batch(sources, targets, max_positions: int, length_multiple: int = 1) -> Batch:
+    """Widths rounded up to `length_multiple` but never past `max_positions`."""
     src = [clip_source(s, max_positions) for s in sources]
     tgt = [list(t[: max_positions - 1]) for t in targets]
-    return Batch(pad(src), pad([[BOS] + t for t in tgt]), pad([t + [EOS] for t in tgt]))
+    multiple = length_multiple if length_multiple <= max_positions else 1
+    src_ids = pad(src, multiple)[:, :max_positions]
+    tgt_in = pad([[BOS] + t for t in tgt], multiple)[:, :max_positions]
+    return Batch(src_ids, tgt_in, pad([t + [EOS] for t in tgt], multiple)[:, :max_positions])
 
 
-def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool = True
-                  ) -> list[list[int]]:
-    """Index lists, each batch within `max_tokens` padded source+target tokens (+BOS/EOS)."""
+def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool = True,
+                  length_multiple: int = 1) -> list[list[int]]:
+    """Index lists, each batch within `max_tokens` padded source+target tokens (+BOS/EOS), the
+    widths rounded up to `length_multiple` as `make_batch` pads them."""
     n = len(src_lens)
     order = list(range(n))
     rng = random.Random(seed)
@@ -70,6 +80,8 @@ def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool 
         rng.shuffle(order)
     src_cost = np.asarray(src_lens, dtype=np.int64) + 1
     tgt_cost = np.asarray(tgt_lens, dtype=np.int64) + 1
+    width = -(-(src_cost) // length_multiple) * length_multiple  # what a batch pads each to
+    tgt_width = -(-(tgt_cost) // length_multiple) * length_multiple
     avg = int(src_cost.sum() + tgt_cost.sum()) / max(n, 1)
     pool_size = max(1, int(POOL_BATCHES * max_tokens / max(avg, 1)))
     batches: list[list[int]] = []
@@ -79,7 +91,7 @@ def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool 
         pool = pool[np.lexsort((tgt_cost[pool], src_cost[pool]))]
         batch: list[int] = []
         max_s = max_t = 0
-        for i, s, t in zip(pool.tolist(), src_cost[pool].tolist(), tgt_cost[pool].tolist()):
+        for i, s, t in zip(pool.tolist(), width[pool].tolist(), tgt_width[pool].tolist()):
             ns, nt = max(max_s, s), max(max_t, t)
             if batch and (len(batch) + 1) * (ns + nt) > max_tokens:
                 batches.append(batch)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.dropout import Dropout
+from src.dropout import Dropout, dropout
 from src.subword import PAD
 
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)
@@ -47,6 +47,15 @@ def padding_mask(ids: Tensor) -> Tensor:
     return (ids != PAD)[:, None, None, :]
 
 
+def matmul_input(x: Tensor) -> Tensor:
+    """x in autocast's low precision while autocast is on, else x itself. Cast once where a
+    LayerNorm output or the encoder memory leaves fp32, rather than by every linear reading it
+    (q, k and v would each cast the same tensor); the linears' inputs are the same bits."""
+    if torch.is_autocast_enabled(x.device.type):
+        return x.to(torch.get_autocast_dtype(x.device.type))
+    return x
+
+
 class Embeddings(nn.Module):
     """Token embedding * sqrt(d_model) + sinusoidal position, then dropout."""
 
@@ -61,6 +70,22 @@ class Embeddings(nn.Module):
     def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
         length = ids.shape[1]
         return self.dropout(self.token(ids) * self.scale + self.pe[offset : offset + length])
+
+
+def attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float
+                           ) -> Tensor:
+    """softmax(q k^T / sqrt(d_head)) with dropout on the weights, times v (paper eq. 1).
+
+    What `F.scaled_dot_product_attention(dropout_p=p)` computes, written out for training: with
+    dropout, SDPA on CPU takes its reference path, which copies q, k and v to fp32 under bf16
+    autocast and draws the mask with `bernoulli_`. Here the products stay in autocast's
+    precision, the softmax runs in fp32, and the mask is `dropout`'s cheaper one.
+    """
+    scores = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = dropout(torch.softmax(scores, dim=-1, dtype=torch.float32), p)
+    return torch.matmul(weights.to(v.dtype), v)  # (B, H, Tq, d_head)
 
 
 class MultiHeadAttention(nn.Module):
@@ -85,8 +110,10 @@ class MultiHeadAttention(nn.Module):
         """Queries from x (B, Tq, D) over keys/values (B, H, Tk, d_head); mask True = attend."""
         q = self.split_heads(self.q_proj(x))
         k, v = kv
-        p = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        if self.training and self.dropout > 0:
+            out = attention_with_dropout(q, k, v, mask, self.dropout)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, Tq, D)
 
@@ -121,8 +148,8 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.pre_norm:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return x + self.dropout(sublayer(matmul_input(self.norm(x))))
+        return self.norm(x + self.dropout(sublayer(matmul_input(x))))
 
 
 class EncoderLayer(nn.Module):
@@ -234,6 +261,7 @@ class Transformer(nn.Module):
         t = tgt_in.shape[1]
         tgt_mask = padding_mask(tgt_in) & causal_mask(t, tgt_in.device)  # (B, 1, T, T)
         y = self.tgt_embed(tgt_in)
+        memory = matmul_input(memory)  # read by every layer's cross-attention keys and values
         for layer in self.decoder:
             out = layer(y, memory, src_mask, tgt_mask)
             if self.training and self.config.decoder_layerdrop > 0:

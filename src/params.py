@@ -147,6 +147,12 @@ class TrainParams(Section):
     log_every_steps: int = Field(gt=0)
     # > 1: train starts itself under torchrun with this many data-parallel ranks (DDP) here
     nproc_per_node: int = Field(ge=1)
+    # auto: bf16 autocast where the CPU multiplies bf16 natively (AMX, AVX-512 BF16) or on a
+    # GPU with bf16, fp16 on other GPUs, fp32 elsewhere; weights and checkpoints stay fp32
+    precision: Literal["auto", "fp32", "bf16"]
+    # batch widths (source, target) padded up to a multiple of this, so a run meets a few
+    # dozen distinct batch shapes instead of hundreds; 1: pad to the longest sentence only
+    length_multiple: int = Field(ge=1, le=64)
 
 
 class EvaluateParams(Section):

@@ -54,11 +54,16 @@ class TrainState:
     valid_curve: list[dict] = field(default_factory=list)
 
 
-def trajectory_params(model: ModelParams, train: TrainParams) -> dict[str, object]:
-    """The params a checkpoint must share with the current run to be resumed, flattened."""
+def trajectory_params(model: ModelParams, train: TrainParams, precision: str
+                      ) -> dict[str, object]:
+    """The params a checkpoint must share with the current run to be resumed, flattened.
+
+    `precision` is what `train.precision` resolved to here ("auto" means bf16 on one machine
+    and fp32 on another, and a bf16 run continued in fp32 is another trajectory)."""
     free = FREE_TRAIN_KEYS - (COSINE_HORIZON_KEYS if train.schedule == "cosine" else set())
     flat = {f"model.{k}": v for k, v in model.model_dump().items()}
     flat.update({f"train.{k}": v for k, v in train.model_dump().items() if k not in free})
+    flat["train.precision"] = precision
     return flat
 
 

@@ -9,6 +9,7 @@ import torch
 
 from src import failpoints
 from src.batching import make_batch, token_batches
+from src.loss import label_smoothed_cross_entropy
 from src.model import Transformer
 from src.scoring import bleu as corpus_bleu
 from src.search import translate_ids
@@ -26,15 +27,11 @@ def token_loss(
     Only non-pad positions go through the output projection: the vocabulary matmul is the
     single largest cost, and padding would waste it.
     """
-    import torch.nn.functional as F
-
     memory, src_mask = model.encode(batch.src)
     hidden = model.decode(batch.tgt_in, memory, src_mask)
     keep = batch.tgt_out != PAD
-    logits = model.generator(hidden[keep]).float()  # (N, V)
-    labels = batch.tgt_out[keep]
-    loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="sum")
-    nll = F.cross_entropy(logits.detach(), labels, reduction="sum")
+    logits = model.generator(hidden[keep])  # (N, V), bf16 under autocast
+    loss, nll = label_smoothed_cross_entropy(logits, batch.tgt_out[keep], label_smoothing)
     return loss, nll, int(keep.sum())
 
 

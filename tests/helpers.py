@@ -108,6 +108,8 @@ def train_cfg(**overrides):
         threads=0,
         log_every_steps=1,
         nproc_per_node=1,
+        precision="fp32",
+        length_multiple=1,
     )
     return TrainParams(**{**base, **overrides})
 

@@ -290,18 +290,18 @@ def test_a_params_change_moves_checkpoints_aside_instead_of_deleting(tmp_path, c
                                decoder_layerdrop=0.0, decoder_layers=0)
     model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
     ckpts = tmp_path / "checkpoints"
-    params = trajectory_params(model_params, train_cfg())
+    params = trajectory_params(model_params, train_cfg(), "fp32")
     ResumeStore(ckpts, params, "data-v1").save(TrainState(step=7), model)
     (ckpts / "epoch1.pt").write_bytes(b"an epoch checkpoint")
 
     # knobs that do not shape the trajectory: the same checkpoint resumes
     free = train_cfg(threads=1, log_every_steps=99, max_minutes=5, patience=9, epochs=40,
                      max_steps=1000, average_last=7)
-    ckpt = ResumeStore(ckpts, trajectory_params(model_params, free), "data-v1").load()
+    ckpt = ResumeStore(ckpts, trajectory_params(model_params, free, "fp32"), "data-v1").load()
     assert ckpt is not None and ckpt["state"]["step"] == 7
 
     # a learning-rate change: moved aside whole, and stderr names the key
-    changed = trajectory_params(model_params, train_cfg(lr=5e-4))
+    changed = trajectory_params(model_params, train_cfg(lr=5e-4), "fp32")
     assert ResumeStore(ckpts, changed, "data-v1").load() is None
     err = capsys.readouterr().err
     assert "train.lr 0.001 -> 0.0005" in err and "moved it to" in err
@@ -318,12 +318,12 @@ def test_other_data_or_cosine_horizon_is_not_resumed(tmp_path, capsys):
                                pre_norm=True, max_positions=16, tie_embeddings=True,
                                decoder_layerdrop=0.0, decoder_layers=0)
     model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
-    cosine = trajectory_params(model_params, train_cfg(schedule="cosine", epochs=3))
+    cosine = trajectory_params(model_params, train_cfg(schedule="cosine", epochs=3), "fp32")
     ResumeStore(tmp_path / "c", cosine, "data-v1").save(TrainState(), model)
     assert ResumeStore(tmp_path / "c", cosine, "data-v2").load() is None
     assert "data or the tokenizer changed" in capsys.readouterr().err
     ResumeStore(tmp_path / "c", cosine, "data-v1").save(TrainState(), model)
-    longer = trajectory_params(model_params, train_cfg(schedule="cosine", epochs=4))
+    longer = trajectory_params(model_params, train_cfg(schedule="cosine", epochs=4), "fp32")
     assert ResumeStore(tmp_path / "c", longer, "data-v1").load() is None  # the LR decay differs
     assert "train.epochs 3 -> 4" in capsys.readouterr().err
 

@@ -1,0 +1,123 @@
+"""Training speed of the train stage's own step, and where its time goes.
+
+Builds the default recipe's batches (concatenation, bidirectional epoch, token batches) from
+`data/tokenized` and `models/tokenizer`, then runs the stage's `Trainer.step` on them: a warm-up,
+then timed steps, reporting tokens/s (non-pad source + target tokens, as the train stage counts)
+and the share of padding. `--profile` prints torch.profiler's top operators by self CPU time.
+
+    python scripts/benchmark_train_step.py --precision fp32 --precision bf16 --steps 150
+    python scripts/benchmark_train_step.py --precision bf16 --profile 30
+
+Run it on an idle machine: two PyTorch processes on two cores slow each other several-fold.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import typer
+
+from src import paths
+from src.batching import make_batch, token_batches
+from src.model import Transformer, model_config
+from src.params import ModelParams, TrainParams, load_params
+from src.precision import resolve_precision
+from src.resume import ResumeStore
+from src.subword import PAD, load_tokenizers
+from src.host_memory import keep_freed_memory
+from src.train import Trainer, set_seed, training_corpus
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threads: int,
+        overrides: dict) -> dict:
+    model_params = load_params(ModelParams)
+    cfg = load_params(TrainParams).model_copy(update={"precision": precision} | overrides)
+    torch.set_num_threads(threads)
+    set_seed(cfg.seed)
+    tokenizers = load_tokenizers(paths.TOKENIZER)
+    corpus = training_corpus(paths.TOKENIZED, cfg, tokenizers)
+    config = model_config(model_params, tokenizers.source_vocab, tokenizers.target_vocab,
+                          tokenizers.shared_vocab)
+    model = Transformer(config)
+    pairs = corpus.epoch(epoch)
+    src_lens, tgt_lens = pairs.lengths()
+    order = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + epoch,
+                          length_multiple=cfg.length_multiple)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ResumeStore(Path(tmp), {}, "")
+        trainer = Trainer(model, cfg, torch.device("cpu"), 20_000, store, threads)
+        batches = [make_batch([pairs.source(i) for i in idx], [pairs.target(i) for i in idx],
+                              model.max_positions, cfg.length_multiple)
+                   for idx in order[: warmup + steps]]
+        for batch in batches[:warmup]:
+            trainer.step([batch])
+        if profile:
+            from torch.profiler import ProfilerActivity, profile as torch_profile
+
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                for batch in batches[warmup : warmup + profile]:
+                    trainer.step([batch])
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        timed = batches[warmup : warmup + steps]
+        start = time.perf_counter()
+        tokens = 0
+        for batch in timed:
+            tokens += trainer.step([batch])[1]
+        seconds = time.perf_counter() - start
+    cells = sum(b.src.numel() + b.tgt_out.numel() for b in timed)
+    real = sum(int((b.src != PAD).sum() + (b.tgt_out != PAD).sum()) for b in timed)
+    shapes = {(tuple(b.src.shape), tuple(b.tgt_out.shape)) for b in timed}
+    return {
+        "precision": trainer.precision.name,
+        "why": trainer.precision.reason,
+        "tokens_per_s": round(tokens / seconds, 1),
+        "steps": len(timed),
+        "seconds": round(seconds, 1),
+        "pad_share": round(1 - real / cells, 4),
+        "distinct_shapes": len(shapes),
+        "mean_tokens_per_step": round(float(np.mean([b.n_tokens for b in timed])), 1),
+    }
+
+
+@app.command()
+def main(
+    precision: list[str] = typer.Option(["fp32", "bf16"], help="Precisions to time in turn."),
+    steps: int = typer.Option(150, help="Timed steps."),
+    warmup: int = typer.Option(20, help="Untimed steps first."),
+    epoch: int = typer.Option(10, help="Epoch whose batches are used (0-based)."),
+    profile: int = typer.Option(0, help="Also profile this many steps (top ops by self time)."),
+    threads: int = typer.Option(2, help="torch threads."),
+    length_multiple: int = typer.Option(-1, help="Override train.length_multiple (-1: keep)."),
+    rounds: int = typer.Option(1, help="Alternate the precisions this many times."),
+    out: Path = typer.Option(None, help="Append the rows as JSON lines here."),
+) -> None:
+    overrides = {} if length_multiple < 0 else {"length_multiple": length_multiple}
+    keep_freed_memory()  # as the train stage does
+    for _ in range(rounds):
+        for name in precision:
+            row = run(name, steps, warmup, epoch, profile, threads, overrides)
+            row |= {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__,
+                    "epoch": epoch} | overrides
+            print(json.dumps(row))
+            if out:
+                with out.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    app()

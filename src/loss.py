@@ -1,0 +1,53 @@
+"""The training loss: label-smoothed cross-entropy over the non-pad target tokens, fused.
+
+For logits x (N, V), label y and smoothing eps (Szegedy et al., 2016; PyTorch's definition):
+
+    loss_i = (1 - eps) * (lse_i - x_iy) + eps * (lse_i - sum_j x_ij / V),  lse_i = log sum_j e^x_ij
+    d loss_i / d x_ij = softmax(x_i)_j - (1 - eps) [j = y] - eps / V
+
+`F.cross_entropy(label_smoothing=eps)` materialises log-softmax, sums it for the smoothing term
+and scatters the NLL gradient into another (N, V) buffer; this normalises once, returns
+the plain NLL from the same pass (validation and logs need it, training used to pay a second
+cross-entropy for it), and builds the gradient in one buffer. The arithmetic is fp32 whatever
+the logits' dtype (bf16 under autocast); the gradient goes back in the logits' dtype. The
+log-sum-exp is never formed apart: log_softmax gives x - lse directly, and its exponential is the
+softmax the gradient needs, built in the forward pass while the rows are still in cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class LabelSmoothedCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        log_p = torch.log_softmax(logits, dim=1, dtype=torch.float32)  # (N, V): x - lse
+        rows = torch.arange(len(labels), device=logits.device)
+        nll = -log_p[rows, labels].sum()
+        loss = (1.0 - eps) * nll
+        if eps:
+            loss = loss - eps / log_p.shape[1] * log_p.sum()
+        if ctx.needs_input_grad[0]:
+            # The gradient is known now, up to the incoming scale: build it in place of log_p
+            # while that is still in cache, instead of keeping log_p for backward.
+            grad = log_p.exp_()
+            if eps:
+                grad.sub_(eps / grad.shape[1])
+            grad[rows, labels] -= 1.0 - eps
+            ctx.save_for_backward(grad.to(logits.dtype))
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        (grad,) = ctx.saved_tensors
+        # In place: the graph is freed after the one backward of a step (no retain_graph).
+        return grad.mul_(grad_loss), None, None
+
+
+def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, eps: float
+                                 ) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss (differentiable) and summed NLL (not) of (N, V) logits."""
+    return LabelSmoothedCrossEntropy.apply(logits, labels, float(eps))
