@@ -25,12 +25,11 @@ import typer
 
 from src import paths
 from src.batching import make_batch, token_batches
+from src.host_memory import keep_freed_memory
 from src.model import Transformer, model_config
 from src.params import ModelParams, TrainParams, load_params
-from src.precision import resolve_precision
 from src.resume import ResumeStore
 from src.subword import PAD, load_tokenizers
-from src.host_memory import keep_freed_memory
 from src.train import Trainer, set_seed, training_corpus
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -67,7 +66,8 @@ def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threa
         for batch in batches[:warmup]:
             trainer.step([batch])
         if profile:
-            from torch.profiler import ProfilerActivity, profile as torch_profile
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
 
             with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
                 for batch in batches[warmup : warmup + profile]:

@@ -1,7 +1,8 @@
 """Write docs/results.md from the raw measurements beside it, so every number has one source.
 
 Reads docs/experiments.jsonl (rows appended by scripts/experiments.py), docs/benchmarks/*.json
-(the default run, decoding choices, training and translation speed; benchmark_infer.py --json
+(the default run, decoding choices, training speed by precision and beside the peer,
+translation speed; benchmark_infer.py --json
 writes the speed file) and docs/benchmarks/{sample,long}_translations.tsv. Each table names the
 command that produced its numbers.
 
@@ -207,6 +208,30 @@ def training_speed(peer: dict) -> list[str]:
     return lines
 
 
+def training_speed_by_precision(sitting: dict) -> list[str]:
+    """Peer and ours in fp32 and bf16 from one sitting; shares of each precision's own peak."""
+    peak = sitting["matmul_peak_gflops"]
+
+    def share(row: dict) -> str:
+        # The peer's analytic FLOPs per token hold for ours too (same dims).
+        gflops = sitting["gflop_per_token"] * row["tokens_per_s"]
+        return f"{gflops / peak[row['precision']]:.0%} of {peak[row['precision']]} GFLOP/s"
+
+    peer_fp32 = next(r for r in sitting["rows"] if r["system"].endswith("peer")
+                     and r["precision"] == "fp32")["tokens_per_s"]
+    lines = ["## Training speed by precision", "",
+             f"{sitting['what']} CPU: {sitting['cpu']}; {sitting['date']}, code at "
+             f"`{sitting['commit']}`. Matmul peaks: `{sitting['peak_command']}`.", ""]
+    lines += table(
+        ["system", "precision", "ranks x threads", "command", "tokens/s", "x peer fp32",
+         "share of the precision's matmul peak"],
+        [[r["system"], r["precision"], r["layout"], f"`{r['command']}`",
+          f"{r['tokens_per_s']:,}", f"{r['tokens_per_s'] / peer_fp32:.2f}", share(r)]
+         for r in sitting["rows"]],
+    )
+    return lines + [sitting["note"], ""]
+
+
 def translation_speed(speed: dict) -> list[str]:
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in speed["rows"]
             if r["system"] == "torch-nocache"}
@@ -252,6 +277,7 @@ def render(docs: Path = DOCS) -> str:
     ]
     lines += default_run(load_json(bench, "default_run.json"), load_json(bench, "decoding.json"),
                          by_name)
+    lines += training_speed_by_precision(load_json(bench, "train_speed.json"))
     lines += training_speed(load_json(bench, "peer_train.json"))
     lines += translation_speed(load_json(bench, "infer_speed.json"))
     lines += full_rows(full)

@@ -583,7 +583,8 @@ def train(
         summary["valid_bleu"] = round(final_valid["valid_bleu"], 2)
         write_report(summary, stats, metrics, TRAIN_HEADLINE)
         # valid_bleu is the curve's name in MLflow; there the final model's is final_valid_bleu
-        run.log_metrics({k: v for k, v in summary.items() if k != "valid_bleu"})
+        # precision is text: a tag (set at the start), not a metric
+        run.log_metrics({k: v for k, v in summary.items() if k not in {"valid_bleu", "precision"}})
         run.log_artifact(model_out, "model")
     print("train: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
 
