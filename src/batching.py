@@ -45,7 +45,8 @@ def clip_source(ids: list[int], max_positions: int) -> list[int]:
     return list(ids[: max_positions - 1]) + [EOS]
 
 
-def round_up(length: int, multiple: int) -> int:
+def round_up(length, multiple: int):
+    """The smallest multiple of `multiple` >= length (ints or numpy arrays)."""
     return -(-length // multiple) * multiple
 
 
@@ -63,10 +64,10 @@ def make_batch(sources, targets, max_positions: int, length_multiple: int = 1) -
     """Widths rounded up to `length_multiple` but never past `max_positions`."""
     src = [clip_source(s, max_positions) for s in sources]
     tgt = [list(t[: max_positions - 1]) for t in targets]
-    multiple = length_multiple if length_multiple <= max_positions else 1
-    src_ids = pad(src, multiple)[:, :max_positions]
-    tgt_in = pad([[BOS] + t for t in tgt], multiple)[:, :max_positions]
-    return Batch(src_ids, tgt_in, pad([t + [EOS] for t in tgt], multiple)[:, :max_positions])
+    src_ids = pad(src, length_multiple)[:, :max_positions]
+    tgt_in = pad([[BOS] + t for t in tgt], length_multiple)[:, :max_positions]
+    return Batch(src_ids, tgt_in,
+                 pad([t + [EOS] for t in tgt], length_multiple)[:, :max_positions])
 
 
 def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool = True,
@@ -80,8 +81,8 @@ def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool 
         rng.shuffle(order)
     src_cost = np.asarray(src_lens, dtype=np.int64) + 1
     tgt_cost = np.asarray(tgt_lens, dtype=np.int64) + 1
-    width = -(-(src_cost) // length_multiple) * length_multiple  # what a batch pads each to
-    tgt_width = -(-(tgt_cost) // length_multiple) * length_multiple
+    src_width = round_up(src_cost, length_multiple)  # what a batch pads each one to
+    tgt_width = round_up(tgt_cost, length_multiple)
     avg = int(src_cost.sum() + tgt_cost.sum()) / max(n, 1)
     pool_size = max(1, int(POOL_BATCHES * max_tokens / max(avg, 1)))
     batches: list[list[int]] = []
@@ -91,7 +92,7 @@ def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int, shuffle: bool 
         pool = pool[np.lexsort((tgt_cost[pool], src_cost[pool]))]
         batch: list[int] = []
         max_s = max_t = 0
-        for i, s, t in zip(pool.tolist(), width[pool].tolist(), tgt_width[pool].tolist()):
+        for i, s, t in zip(pool.tolist(), src_width[pool].tolist(), tgt_width[pool].tolist()):
             ns, nt = max(max_s, s), max(max_t, t)
             if batch and (len(batch) + 1) * (ns + nt) > max_tokens:
                 batches.append(batch)

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-Requested = str  # "auto" | "fp32" | "bf16"
-
 
 @dataclass(frozen=True)
 class Precision:
@@ -51,12 +49,12 @@ def cpu_bf16_feature() -> str:
     return ""
 
 
-def resolve_precision(requested: Requested, device: torch.device) -> tuple[Precision, str]:
+def resolve_precision(requested: str, device: torch.device) -> tuple[Precision, str]:
     """What `train.precision` means on this device, and a warning line ("" for none)."""
+    if requested == "fp32":
+        return Precision("fp32", device.type, "train.precision fp32"), ""
     if device.type == "cuda":
         bf16_ok = torch.cuda.is_bf16_supported()
-        if requested == "fp32":
-            return Precision("fp32", "cuda", "train.precision fp32"), ""
         if requested == "bf16" and not bf16_ok:
             return (Precision("fp16", "cuda", "this GPU has no bf16; fp16 with a loss scaler"),
                     "train.precision bf16: this GPU has no bf16, training in fp16 with a scaler")
@@ -64,8 +62,6 @@ def resolve_precision(requested: Requested, device: torch.device) -> tuple[Preci
             return Precision("bf16", "cuda", f"train.precision {requested}: GPU bf16"), ""
         return Precision("fp16", "cuda", "auto: GPU without bf16, fp16 with a loss scaler"), ""
     feature = cpu_bf16_feature()
-    if requested == "fp32":
-        return Precision("fp32", device.type, "train.precision fp32"), ""
     if feature:
         return Precision("bf16", device.type,
                          f"train.precision {requested}: the CPU has {feature}"), ""
