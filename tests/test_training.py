@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import platform
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import train_cfg
+from helpers import REPO, train_cfg
 
 from src import checkpoint
 from src.augment import (
@@ -368,3 +370,31 @@ def test_a_checkpoint_past_a_lowered_cap_is_set_aside(tmp_path, capsys):
     assert ResumeStore(tmp_path / "c", {}, "d").load(caps={"step": 40, "epoch": 2}) is not None
     assert ResumeStore(tmp_path / "c", {}, "d").load(caps={"step": 7, "epoch": 2}) is None
     assert "past train.max_steps=7 (step 40)" in capsys.readouterr().err
+
+
+
+FREE_AND_MEASURE = """
+import sys, numpy as np, psutil
+from src.host_memory import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+rss = psutil.Process().memory_info
+block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, above any mmap threshold
+held = rss().rss
+del block
+print((held - rss().rss) >> 20)  # MiB given back to the kernel by the free
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="mallopt is glibc's")
+def test_freed_blocks_stay_in_the_process_for_the_next_step_to_reuse():
+    import subprocess
+
+    def given_back(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", FREE_AND_MEASURE, mode], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+        return int(out)
+
+    assert given_back("default") >= 60  # glibc unmaps a large block on free...
+    assert given_back("keep") < 4  # ...unless told to keep it
