@@ -17,6 +17,7 @@ softmax the gradient needs, built in the forward pass while the rows are still i
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -51,3 +52,20 @@ def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, eps: float
                                  ) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss (differentiable) and summed NLL (not) of (N, V) logits."""
     return LabelSmoothedCrossEntropy.apply(logits, labels, float(eps))
+
+
+def rdrop_loss(logits: Tensor, labels: Tensor, eps: float, alpha: float
+               ) -> tuple[Tensor, Tensor]:
+    """R-Drop (Liang et al., NeurIPS 2021) over two dropout passes of the same N tokens.
+
+    `logits` (2N, V): the first pass's rows, then the second's, for `labels` (N,). The paper's
+    loss is CE1 + CE2 + alpha/2 (KL(P1||P2) + KL(P2||P1)); this returns half of it, so the
+    cross-entropy weighs what one pass weighs without R-Drop and `alpha` keeps the paper's
+    meaning. The second value is the NLL averaged over the two passes (for the logs).
+    """
+    ce, nll = label_smoothed_cross_entropy(logits, torch.cat([labels, labels]), eps)
+    log_p1, log_p2 = torch.log_softmax(logits, dim=1, dtype=torch.float32).chunk(2)
+    # kl_div(input=log q, target=log p, log_target=True) sums p (log p - log q) = KL(p || q)
+    kl = (F.kl_div(log_p2, log_p1, reduction="sum", log_target=True)
+          + F.kl_div(log_p1, log_p2, reduction="sum", log_target=True))
+    return 0.5 * (ce + alpha / 2 * kl), 0.5 * nll

@@ -126,6 +126,9 @@ class TrainParams(Section):
     schedule: Literal["inverse_sqrt", "cosine"]
     weight_decay: float = Field(ge=0)
     label_smoothing: float = Field(ge=0, lt=1)
+    # R-Drop: each batch runs twice (two dropout masks) and the symmetric KL between the two
+    # predictions, times this, joins the loss; a step costs about twice as much; 0: off
+    rdrop_alpha: float = Field(ge=0)
     # extra pairs per epoch, as a fraction of the corpus, each joining two random training
     # pairs (concatenation augmentation: length and position variety); 0: off
     concat_ratio: float = Field(ge=0, le=4)

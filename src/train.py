@@ -108,12 +108,13 @@ def write_curve(path: Path, rows: list[dict]) -> None:
 class SmoothedLoss(torch.nn.Module):
     """The training loss as one module call: DDP syncs gradients of what its forward ran."""
 
-    def __init__(self, model: Transformer, label_smoothing: float):
+    def __init__(self, model: Transformer, label_smoothing: float, rdrop_alpha: float = 0.0):
         super().__init__()
-        self.model, self.label_smoothing = model, label_smoothing
+        self.model, self.label_smoothing, self.rdrop_alpha = model, label_smoothing, rdrop_alpha
 
     def forward(self, src, tgt_in, tgt_out) -> torch.Tensor:
-        return token_loss(self.model, Batch(src, tgt_in, tgt_out), self.label_smoothing)[0]
+        return token_loss(self.model, Batch(src, tgt_in, tgt_out), self.label_smoothing,
+                          self.rdrop_alpha)[0]
 
 
 class Trainer:
@@ -130,7 +131,7 @@ class Trainer:
     ):
         precision = precision or resolve_precision(cfg.precision, device)[0]
         self.model, self.cfg, self.device, self.world = model, cfg, device, world
-        self.loss = SmoothedLoss(model, cfg.label_smoothing)
+        self.loss = SmoothedLoss(model, cfg.label_smoothing, cfg.rdrop_alpha)
         if world.distributed:
             import inspect
 

@@ -9,7 +9,7 @@ import torch
 
 from src import failpoints
 from src.batching import make_batch, token_batches
-from src.loss import label_smoothed_cross_entropy
+from src.loss import label_smoothed_cross_entropy, rdrop_loss
 from src.model import Transformer
 from src.scoring import bleu as corpus_bleu
 from src.search import translate_ids
@@ -20,19 +20,27 @@ VALID_BATCH_SIZE = 64
 
 
 def token_loss(
-    model: Transformer, batch, label_smoothing: float
+    model: Transformer, batch, label_smoothing: float, rdrop_alpha: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed label-smoothed loss and summed NLL over non-pad target tokens, and their count.
 
     Only non-pad positions go through the output projection: the vocabulary matmul is the
-    single largest cost, and padding would waste it.
+    single largest cost, and padding would waste it. With `rdrop_alpha` > 0 the batch goes
+    through the model twice in one call (stacked, so each copy draws its own dropout masks)
+    and the loss is `rdrop_loss`'s.
     """
-    memory, src_mask = model.encode(batch.src)
-    hidden = model.decode(batch.tgt_in, memory, src_mask)
-    keep = batch.tgt_out != PAD
-    logits = model.generator(hidden[keep])  # (N, V), bf16 under autocast
-    loss, nll = label_smoothed_cross_entropy(logits, batch.tgt_out[keep], label_smoothing)
-    return loss, nll, int(keep.sum())
+    src, tgt_in, keep = batch.src, batch.tgt_in, batch.tgt_out != PAD
+    labels = batch.tgt_out[keep]  # (N,)
+    if rdrop_alpha:
+        src, tgt_in, keep = (torch.cat([t, t]) for t in (src, tgt_in, keep))
+    memory, src_mask = model.encode(src)
+    hidden = model.decode(tgt_in, memory, src_mask)
+    logits = model.generator(hidden[keep])  # (N, V), bf16 under autocast; (2N, V) for R-Drop
+    if rdrop_alpha:
+        loss, nll = rdrop_loss(logits, labels, label_smoothing, rdrop_alpha)
+    else:
+        loss, nll = label_smoothed_cross_entropy(logits, labels, label_smoothing)
+    return loss, nll, len(labels)
 
 
 @torch.no_grad()

@@ -96,6 +96,7 @@ def train_cfg(**overrides):
         schedule="inverse_sqrt",
         weight_decay=0.0,
         label_smoothing=0.1,
+        rdrop_alpha=0.0,
         concat_ratio=0.0,
         bidirectional_epochs=0,
         subword_alpha=0.0,

@@ -398,3 +398,38 @@ def test_freed_blocks_stay_in_the_process_for_the_next_step_to_reuse():
 
     assert given_back("default") >= 60  # glibc unmaps a large block on free...
     assert given_back("keep") < 4  # ...unless told to keep it
+
+
+def test_rdrop_loss_matches_hand_computed_values():
+    from src.loss import rdrop_loss
+
+    # V = 2, gold 1. Pass 1: logits (0, 0), P1 = (1/2, 1/2); pass 2: (0, ln 3), P2 = (1/4, 3/4).
+    logits = torch.tensor([[0.0, 0.0], [0.0, math.log(3.0)]], requires_grad=True)
+    ce1, ce2 = math.log(2), -math.log(0.75)
+    kl12 = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    kl21 = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    loss, nll = rdrop_loss(logits, torch.tensor([1]), eps=0.0, alpha=1.0)
+    assert loss.item() == pytest.approx(0.5 * (ce1 + ce2 + 0.5 * (kl12 + kl21)), abs=1e-6)
+    assert nll.item() == pytest.approx(0.5 * (ce1 + ce2), abs=1e-6)
+    loss.backward()
+    assert logits.grad.abs().sum() > 0
+
+
+def test_rdrop_runs_the_batch_twice_with_its_own_dropout_masks():
+    batch = make_batch([[5, 6], [7]], [[8], [9, 10]], max_positions=16)
+    for dropout in (0.0, 0.3):
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32,
+                                        dropout=dropout))
+        torch.manual_seed(1)
+        plain, plain_nll, n = token_loss(model, batch, 0.1)
+        torch.manual_seed(1)
+        rdrop, rdrop_nll, n_rdrop = token_loss(model, batch, 0.1, rdrop_alpha=5.0)
+        assert n == n_rdrop == 5  # the normaliser counts each token once
+        if dropout == 0.0:  # two identical passes: no KL, the same loss as one pass
+            assert torch.allclose(rdrop, plain, atol=1e-5)
+            assert torch.allclose(rdrop_nll, plain_nll, atol=1e-5)
+        else:  # two masks: the passes differ, so the KL term (alpha 5 against ~0) is positive
+            torch.manual_seed(1)
+            no_kl = token_loss(model, batch, 0.1, rdrop_alpha=1e-9)[0]
+            assert rdrop.item() > no_kl.item() + 1e-3
