@@ -274,6 +274,11 @@ def render(docs: Path = DOCS) -> str:
         "Measured on a 2-core CPU machine without a GPU. Every table names the command behind "
         "its numbers; the raw rows are in `docs/experiments.jsonl` and `docs/benchmarks/`.",
         "",
+        "Precision and CPU: every training run before 2026-11-26 (the default run, the ablation "
+        "and pair rows) trained in fp32, as training had no other precision on a CPU then; their "
+        "CPU was not recorded per row (the machines were Intel Xeons with AMX lately, AMD EPYCs "
+        "before). Tables measured since name theirs.",
+        "",
     ]
     lines += default_run(load_json(bench, "default_run.json"), load_json(bench, "decoding.json"),
                          by_name)
