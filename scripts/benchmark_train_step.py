@@ -29,7 +29,7 @@ from src.host_memory import keep_freed_memory
 from src.model import Transformer, model_config
 from src.params import ModelParams, TrainParams, load_params
 from src.resume import ResumeStore
-from src.subword import PAD, load_tokenizers
+from src.subword import load_tokenizers
 from src.train import Trainer, set_seed, training_corpus
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -80,7 +80,7 @@ def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threa
             tokens += trainer.step([batch])[1]
         seconds = time.perf_counter() - start
     cells = sum(b.src.numel() + b.tgt_out.numel() for b in timed)
-    real = sum(int((b.src != PAD).sum() + (b.tgt_out != PAD).sum()) for b in timed)
+    real = sum(b.n_tokens for b in timed)
     shapes = {(tuple(b.src.shape), tuple(b.tgt_out.shape)) for b in timed}
     return {
         "precision": trainer.precision.name,
