@@ -27,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
 
-from src import generation, paths  # noqa: E402
-from src.scoring import bleu  # noqa: E402
-from src.subword import drop_broken_bytes  # noqa: E402
+from src.core import paths  # noqa: E402
+from src.core.scoring import bleu  # noqa: E402
+from src.data.subword import drop_broken_bytes  # noqa: E402
+from src.runtime import generation
 from src.to_ctranslate2 import convert, ct2_options, pieces  # noqa: E402
 
 

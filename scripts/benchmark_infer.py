@@ -30,9 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
 
-from src import checkpoint, generation, paths  # noqa: E402
-from src.batching import clip_source, pad  # noqa: E402
-from src.search import beam_search, greedy_search, max_output_length  # noqa: E402
+from src.core import paths  # noqa: E402
+from src.data.batching import clip_source, pad  # noqa: E402
+from src.nmt import checkpoint
+from src.nmt.search import beam_search, greedy_search, max_output_length  # noqa: E402
+from src.runtime import generation
 
 
 class NoCacheDecoding:

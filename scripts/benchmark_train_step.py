@@ -23,14 +23,15 @@ import numpy as np
 import torch
 import typer
 
-from src import paths
-from src.batching import make_batch, token_batches
-from src.host_memory import keep_freed_memory
-from src.model import Transformer, model_config
-from src.params import ModelParams, TrainParams, load_params
-from src.resume import ResumeStore
-from src.subword import load_tokenizers
-from src.train import Trainer, set_seed, training_corpus
+from src.core import paths
+from src.core.params import ModelParams, TrainParams, load_params
+from src.data.batching import make_batch, token_batches
+from src.data.subword import load_tokenizers
+from src.nmt.model import Transformer, model_config
+from src.training.fit import training_corpus
+from src.training.host_memory import keep_freed_memory
+from src.training.resume import ResumeStore
+from src.training.trainer import Trainer, set_seed
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-from src.scoring import bleu_tokenizer  # noqa: E402
+from src.core.scoring import bleu_tokenizer  # noqa: E402
 
 COLUMNS = ("source", "reference", "hypothesis")
 
@@ -95,8 +95,8 @@ def verdict(bleu: dict, alpha: float) -> str:
 
 
 def main() -> None:
-    from src.errors import PipelineError
-    from src.params import PairParams, load_params
+    from src.core.errors import PipelineError
+    from src.core.params import PairParams, load_params
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

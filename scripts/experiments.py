@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-from src.reports import LENGTH_BUCKETS  # noqa: E402
+from src.core.reports import LENGTH_BUCKETS  # noqa: E402
 
 # Shared by every training row: a short, fixed number of optimizer steps (about two epochs of
 # cmn-eng) and a warmup that fits inside it. Steps rather than minutes, so rows run side by

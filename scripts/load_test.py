@@ -66,7 +66,7 @@ def load(url: str, pool: list[str], batch: int, clients: int, requests: int,
 
 def in_process(onnx: Path, pool: list[str], batch: int, requests: int, threads: int) -> dict:
     """src.infer's translator on the same requests, one after another, no HTTP."""
-    from src.generation import load_translator
+    from src.runtime.generation import load_translator
 
     translator = load_translator(onnx, threads=threads, warn=lambda _: None)
     latencies = []
@@ -118,6 +118,6 @@ def main(
 
 
 if __name__ == "__main__":
-    from src.errors import run_cli
+    from src.core.cli import run_cli
 
     run_cli(app)

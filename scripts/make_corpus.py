@@ -59,6 +59,6 @@ if __name__ == "__main__":
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from src.errors import run_cli
+    from src.core.cli import run_cli
 
     run_cli(app)

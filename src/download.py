@@ -28,12 +28,13 @@ from pathlib import Path
 
 import typer
 
-from src import paths, tracking
-from src.atomic import atomic_path, write_json
-from src.errors import PipelineError, run_cli
-from src.params import DownloadParams, PairParams, load_params
-from src.text import decode, split_lines
-from src.transport import fetch, redact
+from src.core import paths, tracking
+from src.core.atomic import atomic_path, write_json
+from src.core.cli import run_cli
+from src.core.errors import PipelineError
+from src.core.params import DownloadParams, PairParams, load_params
+from src.core.text import decode, split_lines
+from src.data.transport import fetch, redact
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -21,14 +21,16 @@ import torch
 import typer
 from rich.progress import Progress
 
-from src import checkpoint, paths, tracking
-from src.atomic import atomic_path
-from src.errors import require_file, run_cli
-from src.params import EvaluateParams, load_params
-from src.reports import EVALUATE_HEADLINE, LENGTH_BUCKETS, write_report
-from src.scoring import bleu_tokenizer, score, score_by_length
-from src.search import translate_ids
-from src.subword import check_encoded_with, load_tokenizers
+from src.core import paths, tracking
+from src.core.atomic import atomic_path
+from src.core.cli import run_cli
+from src.core.errors import require_file
+from src.core.params import EvaluateParams, load_params
+from src.core.reports import EVALUATE_HEADLINE, LENGTH_BUCKETS, write_report
+from src.core.scoring import bleu_tokenizer, score, score_by_length
+from src.data.subword import check_encoded_with, load_tokenizers
+from src.nmt import checkpoint
+from src.nmt.search import translate_ids
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -4,12 +4,12 @@ Reads params `export.*`; the languages come from models/tokenizer/tokenizer.json
 single-file generation graph of src/onnx_graph.py (encoder, KV-cached decoder and beam/greedy
 search under one BeamSearch node, special ids, languages, limits and tokenizer fingerprints in
 metadata_props) and verifies it before it is moved into place: `onnx.checker`, then ONNX Runtime
-against PyTorch's `src.search` on the first `export.parity_sentences` test sentences (greedy must
-match token for token; beam top hypotheses in at least `export.min_beam_parity` of the rows), then
-BLEU of the file on the whole test split. With `export.quantize`, models/model.int8.onnx (int8
-weights, quantized per subgraph) gets its own BLEU and speed.
+against PyTorch's `src.nmt.search` on the first `export.parity_sentences` test sentences
+(greedy must match token for token; beam top hypotheses in at least `export.min_beam_parity`
+of the rows), then BLEU of the file on the whole test split. With `export.quantize`,
+models/model.int8.onnx (int8 weights, quantized per subgraph) gets its own BLEU and speed.
 
-Each file gets a text-in, text-out twin (src/text_graph.py: SentencePiece inside the graph),
+Each file gets a text-in, text-out twin (src/graph/text_graph.py: SentencePiece inside the graph),
 checked to translate the parity sentences exactly as its generation model does.
 
 Writes models/model.onnx and models/model.text.onnx (DVC outs), models/model.int8.onnx and
@@ -33,15 +33,19 @@ import onnx
 import torch
 import typer
 
-from src import checkpoint, generation, onnx_graph, paths, text_graph, tracking
-from src.atomic import atomic_path
-from src.batching import clip_source, pad
-from src.errors import PipelineError, require_file, run_cli
-from src.params import ExportParams, load_params
-from src.reports import EXPORT_HEADLINE, write_report
-from src.scoring import bleu
-from src.search import beam_search, greedy_search, max_output_length
-from src.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with, load_tokenizers
+from src.core import paths, tracking
+from src.core.atomic import atomic_path
+from src.core.cli import run_cli
+from src.core.errors import PipelineError, require_file
+from src.core.params import ExportParams, load_params
+from src.core.reports import EXPORT_HEADLINE, write_report
+from src.core.scoring import bleu
+from src.data.batching import clip_source, pad
+from src.data.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with, load_tokenizers
+from src.graph import onnx_graph, text_graph
+from src.nmt import checkpoint
+from src.nmt.search import beam_search, greedy_search, max_output_length
+from src.runtime import generation
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -222,7 +226,7 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
 def log_run(run, result: dict, files: list[Path], tokenizer_dir: Path,
             tok: Tokenizers) -> str | None:
     """Metrics, and the MLflow model (src/serving.py) as a new registered version."""
-    from src import serving
+    from src.runtime import serving
 
     run.log_metrics({k: v for k, v in result.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)})

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import typer
 
-from src.atomic import write_text
-from src.errors import PipelineError, run_cli
-from src.generation import (
+from src.core.atomic import write_text
+from src.core.cli import run_cli
+from src.core.errors import PipelineError
+from src.core.text import iter_lines, read_lines
+from src.runtime.generation import (
     CPU,
     DEFAULT_THREADS,
     MAX_BEAM,
@@ -32,7 +34,6 @@ from src.generation import (
     Translator,
     load_translator,
 )
-from src.text import iter_lines, read_lines
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import typer
 
-from src import tracking
-from src.errors import PipelineError, run_cli
-from src.serving import CANDIDATE
+from src.core import tracking
+from src.core.cli import run_cli
+from src.core.errors import PipelineError
+from src.runtime.serving import CANDIDATE
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 CHAMPION = "champion"

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import typer
 
-from src import paths, tracking
-from src.atomic import atomic_dir, write_json
-from src.errors import PipelineError, require_file, run_cli
-from src.params import PairParams, SplitParams, load_params
-from src.text import read_lines
+from src.core import paths, tracking
+from src.core.atomic import atomic_dir, write_json
+from src.core.cli import run_cli
+from src.core.errors import PipelineError, require_file
+from src.core.params import PairParams, SplitParams, load_params
+from src.core.text import read_lines
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import typer
 
-from src.errors import PipelineError, require_file, run_cli
-from src.subword import BOS, PAD
+from src.core.cli import run_cli
+from src.core.errors import PipelineError, require_file
+from src.data.subword import BOS, PAD
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which the model uses
@@ -73,7 +74,7 @@ def _inputs(stack, embeddings, embed) -> None:
 
 
 def build_spec(model, source_pieces: list[str], target_pieces: list[str]):
-    """The CTranslate2 TransformerSpec of a `src.model.Transformer` (pre-norm only)."""
+    """The CTranslate2 TransformerSpec of a `src.nmt.model.Transformer` (pre-norm only)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     c = model.config
@@ -115,7 +116,7 @@ def convert(model_path: Path, tokenizer_dir: Path, output_dir: Path) -> Path:
     `compute_type="int8"`)."""
     import sentencepiece as spm
 
-    from src import checkpoint
+    from src.nmt import checkpoint
 
     try:
         import ctranslate2  # noqa: F401

@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from src import paths, tracking
-from src.atomic import atomic_dir, write_json
-from src.errors import require_file, run_cli
-from src.params import PairParams, TokenizeParams, load_params
-from src.subword import (
+from src.core import paths, tracking
+from src.core.atomic import atomic_dir, write_json
+from src.core.cli import run_cli
+from src.core.errors import require_file
+from src.core.params import PairParams, TokenizeParams, load_params
+from src.data.subword import (
     BOS,
     ENCODED_WITH,
     EOS,

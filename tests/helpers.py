@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -83,7 +84,7 @@ def assert_one_line_error(
 
 def train_cfg(**overrides):
     """A complete TrainParams for in-process training tests."""
-    from src.params import TrainParams
+    from src.core.params import TrainParams
 
     base = dict(
         seed=0,
@@ -150,7 +151,7 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 
 def train_with_failpoint(root: Path, failpoint: str = "", every: int = 1
                          ) -> subprocess.CompletedProcess:
-    """`python -m src.train` in `root`, killed at `failpoint` (src/failpoints.py) if given,
+    """`python -m src.train` in `root`, killed at `failpoint` (src/core/failpoints.py) if given,
     saving last.pt every `every` steps."""
     env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off",
            "NMT_FAILPOINT": failpoint}
@@ -158,3 +159,41 @@ def train_with_failpoint(root: Path, failpoint: str = "", every: int = 1
         [sys.executable, "-m", "src.train", "--checkpoint-every-steps", str(every)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
+
+
+def module_file(dotted: str) -> Path | None:
+    """`src.core.paths` -> src/core/paths.py, `src.core` -> src/core/__init__.py, else None."""
+    for path in (REPO / (dotted.replace(".", "/") + ".py"),
+                 REPO / dotted.replace(".", "/") / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def src_imports(module: str, seen: set[str] | None = None) -> set[str]:
+    """Every src/ file `module` (dotted, below src) imports, transitively, as repo-relative
+    paths, with the `__init__.py` of every package on the way."""
+    seen = set() if seen is None else seen
+    path = module_file(f"src.{module}")
+    rel = path.relative_to(REPO).as_posix()
+    if rel in seen:
+        return seen
+    seen.add(rel)
+    parts = module.split(".")
+    for i in range(1, len(parts)):  # importing src.a.b runs src/a/__init__.py first
+        src_imports(".".join(parts[:i]), seen)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and (
+                node.module == "src" or node.module.startswith("src.")):
+            names = [node.module]
+            # `from src.core import paths`: paths is a module of that package
+            names += [f"{node.module}.{a.name}" for a in node.names
+                      if module_file(f"{node.module}.{a.name}")]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("src.")]
+        for name in names:
+            if name != "src" and module_file(name):
+                src_imports(name.removeprefix("src."), seen)
+    return seen

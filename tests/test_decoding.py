@@ -13,8 +13,8 @@ import sentencepiece as spm
 from onnx import TensorProto, helper
 from toy_corpus import toy_pairs
 
-from src import generation
-from src.subword import BOS, EOS, PAD, Tokenizers, train_spm
+from src.data.subword import BOS, EOS, PAD, Tokenizers, train_spm
+from src.runtime import generation
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_the_text_graph_decodes_as_python_does(byte_model, sp):
     ort = pytest.importorskip("onnxruntime")
     from onnxruntime_extensions import get_library_path
 
-    from src.text_graph import CONTRIB_DOMAIN, _decode_nodes
+    from src.graph.text_graph import CONTRIB_DOMAIN, _decode_nodes
 
     nodes, consts = _decode_nodes(byte_model)
     graph = helper.make_graph(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from helpers import src_imports
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,9 +35,10 @@ def declared() -> set[str]:
     return {Requirement(r).name.lower() for r in project["dependencies"] + extras}
 
 
-def third_party_imports(folder: Path) -> set[str]:
+def third_party_imports(where: Path) -> set[str]:
+    """Top-level packages imported by a file, or by every file under a folder."""
     names = set()
-    for path in folder.glob("*.py"):
+    for path in (where.rglob("*.py") if where.is_dir() else [where]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names |= {a.name.split(".")[0] for a in node.names}
@@ -55,6 +57,45 @@ def test_every_imported_package_is_declared():
     assert not missing, f"imported by src/ but not in pyproject.toml dependencies: {missing}"
 
 
-@pytest.mark.parametrize("module", sorted(p.stem for p in (REPO / "src").glob("*.py")))
+MODULES = sorted(".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+                 for p in (REPO / "src").rglob("*.py"))
+
+
+@pytest.mark.parametrize("module", MODULES)
 def test_every_module_imports(module):
-    importlib.import_module(f"src.{module}")
+    importlib.import_module(module)
+
+
+COMMANDS = {"download", "split", "tokenize_corpus", "train", "evaluate", "export", "infer",
+            "promote", "to_ctranslate2", "text_graph"}
+
+
+def test_the_package_root_holds_the_commands_and_no_command_imports_another():
+    """`ls src` shows the commands; the library lives in the subpackages."""
+    root = {p.stem for p in (REPO / "src").glob("*.py")} - {"__init__"}
+    assert root == COMMANDS
+    for command in sorted(COMMANDS):
+        imported = {rel for rel in src_imports(command) if rel.count("/") == 1}
+        assert imported == {f"src/{command}.py"}, f"src.{command} imports {imported}"
+
+
+def test_the_served_model_carries_exactly_the_code_it_imports():
+    """MLflow copies MODEL_CODE into the model: a module missing there fails only where the
+    model is loaded; one too many may pull a package the model does not declare."""
+    from src.runtime.serving import MODEL_CODE
+
+    needed = src_imports("runtime.mlflow_model") | {"src/__init__.py"}
+    assert {f"src/{rel}" for rel in MODEL_CODE} == needed
+
+
+def test_the_served_model_imports_only_what_it_declares():
+    """Its requirements (serving.requirements) cover every package its code imports."""
+    from src.runtime.serving import MODEL_CODE, requirements
+
+    declared_names = {r.split("==")[0] for r in requirements(text_models=True)} | {"mlflow"}
+    imported = set()
+    for rel in MODEL_CODE:
+        imported |= third_party_imports(REPO / "src" / rel)
+    missing = {name for name in imported
+               if not ALTERNATIVES.get(name, {DISTRIBUTION.get(name, name)}) & declared_names}
+    assert not missing, f"the model's code imports undeclared {missing}"

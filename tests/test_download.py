@@ -14,8 +14,8 @@ from contextlib import contextmanager
 import pytest
 from helpers import assert_one_line_error, run_stage, scratch_root
 
-from src.errors import PipelineError
-from src.transport import _Sink, redirect_target
+from src.core.errors import PipelineError
+from src.data.transport import _Sink, redirect_target
 
 
 def test_plain_tsv_by_local_path(tmp_path, toy_tsv):

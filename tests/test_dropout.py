@@ -1,11 +1,11 @@
-"""src/dropout.py: the CPU dropout keeps nn.Dropout's contract while drawing masks 4 at a time."""
+"""src/nmt/dropout.py: the CPU dropout keeps nn.Dropout's contract, drawing masks 4 at a time."""
 
 import pytest
 import torch
 from torch import nn
 
-from src.dropout import LEVELS, Dropout, dropout
-from src.model import ModelConfig, Transformer
+from src.nmt.dropout import LEVELS, Dropout, dropout
+from src.nmt.model import ModelConfig, Transformer
 
 
 def test_drops_the_asked_share_and_scales_the_rest_to_keep_the_mean():

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import module_file, src_imports
 
-from src.params import SECTIONS
+from src.core.params import SECTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
@@ -26,32 +27,19 @@ def stage_module(stage: str) -> str:
     return cmd[2].removeprefix("src.")
 
 
-def src_imports(module: str, seen: set[str] | None = None) -> set[str]:
-    """Every src/ module `module` imports, transitively, as repo-relative paths."""
-    seen = set() if seen is None else seen
-    path = f"src/{module}.py"
-    if path in seen:
-        return seen
-    seen.add(path)
-    tree = ast.parse((REPO / path).read_text())
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "src":
-                names = [a.name for a in node.names]
-            elif node.module.startswith("src."):
-                names = [node.module.split(".", 1)[1]]
-        elif isinstance(node, ast.Import):
-            names = [a.name.split(".", 1)[1] for a in node.names if a.name.startswith("src.")]
-        for name in names:
-            if (REPO / f"src/{name}.py").exists():
-                src_imports(name, seen)
-    return seen
+def expand(deps: set[str]) -> set[str]:
+    """dvc.yaml's src deps as files: a folder stands for every .py file under it."""
+    files = set()
+    for dep in deps:
+        path = REPO / dep
+        files |= ({p.relative_to(REPO).as_posix() for p in path.rglob("*.py")}
+                  if path.is_dir() else {dep})
+    return files
 
 
 def loaded_sections(module: str) -> set[str]:
     """The params sections a stage module loads, from its `load_params(XParams)` calls."""
-    tree = ast.parse((REPO / f"src/{module}.py").read_text())
+    tree = ast.parse(module_file(f"src.{module}").read_text())
     return {
         SECTION_OF_CLASS[arg.id]
         for node in ast.walk(tree)
@@ -73,9 +61,16 @@ def attributes_read(paths: set[str]) -> set[str]:
 
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_stage_lists_every_imported_module(stage):
-    deps = {d for d in STAGES[stage]["deps"] if d.startswith("src/")}
+    """Exactly the files the stage runs; a package folder stands for all of its files, and is
+    listed as one dep whenever the stage uses all of them (so dvc.yaml stays short)."""
+    deps = {d.rstrip("/") for d in STAGES[stage]["deps"] if d.startswith("src/")}
     needed = src_imports(stage_module(stage)) | {"src/__init__.py"}
-    assert needed == deps, f"missing: {needed - deps}, extra: {deps - needed}"
+    files = expand(deps)
+    assert needed == files, f"missing: {needed - files}, extra: {files - needed}"
+    for package in (p for p in (REPO / "src").iterdir() if (p / "__init__.py").is_file()):
+        rel = package.relative_to(REPO).as_posix()
+        if expand({rel}) <= needed:
+            assert rel in deps, f"{stage} uses all of {rel}/: list the folder, not its files"
 
 
 def keys_read(stage: str) -> set[str]:
@@ -83,7 +78,7 @@ def keys_read(stage: str) -> set[str]:
     attribute, in the stage module or the src/ modules it imports)."""
     module = stage_module(stage)
     # params.py reads keys of every section to validate the whole file; that is not a use.
-    read = attributes_read(src_imports(module) - {"src/params.py"})
+    read = attributes_read(src_imports(module) - {"src/core/params.py"})
     return {
         f"{section}.{key}"
         for section in loaded_sections(module)

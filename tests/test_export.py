@@ -18,11 +18,13 @@ import torch.nn.functional as F
 from helpers import REPO, assert_one_line_error, run_stage, scratch_root
 from toy_corpus import toy_pairs
 
-from src import checkpoint, generation, onnx_graph
-from src.batching import clip_source, make_batch, pad
-from src.model import ModelConfig, Transformer
-from src.search import beam_search, greedy_search, max_output_length
-from src.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
+from src.data.batching import clip_source, make_batch, pad
+from src.data.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
+from src.graph import onnx_graph
+from src.nmt import checkpoint
+from src.nmt.model import ModelConfig, Transformer
+from src.nmt.search import beam_search, greedy_search, max_output_length
+from src.runtime import generation
 
 pytestmark = pytest.mark.slow
 MAX_POSITIONS = 48
@@ -317,8 +319,8 @@ def test_infer_cuda_without_gpu_is_a_clear_error(project):
 
 
 def test_infer_imports_neither_torch_nor_training_code():
-    code = ("import sys, src.infer; heavy = {'torch', 'onnx', 'datasets', 'src.model', "
-            "'src.search', 'src.onnx_graph'} & set(sys.modules); print(sorted(heavy))")
+    code = ("import sys, src.infer; heavy = {'torch', 'onnx', 'datasets', 'src.nmt.model', "
+            "'src.nmt.search', 'src.graph.onnx_graph'} & set(sys.modules); print(sorted(heavy))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, check=True)
     assert result.stdout.strip() == "[]"
@@ -336,7 +338,7 @@ def test_int8_model_runs_through_infer(project):
 
 def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
     """A decoder rigged so UNK, then BOS, get the largest logit: both searches must skip them."""
-    from src.subword import BOS, UNK
+    from src.data.subword import BOS, UNK
 
     torch.manual_seed(0)
     config = ModelConfig(40, 40, d_model=16, n_heads=2, n_layers=1, ffn_dim=32, dropout=0.0,
@@ -359,10 +361,10 @@ def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
     """Before: model.onnx was replaced, then the int8 check failed, leaving a stale int8 twin."""
     from datasets import load_from_disk
 
-    from src.errors import PipelineError
+    from src.core.errors import PipelineError
+    from src.core.params import ExportParams, load_params
+    from src.data.subword import load_tokenizers
     from src.export import write_verified
-    from src.params import ExportParams, load_params
-    from src.subword import load_tokenizers
 
     models = project / "models"
     old = {name: (models / name).read_bytes() for name in (
@@ -462,10 +464,10 @@ def test_text_graph_cli_writes_a_greedy_twin(project, tmp_path):
 
 def test_text_parity_fails_when_the_text_model_decodes_differently(project, tmp_path):
     """A text model wrapped with another target SentencePiece model must be refused."""
-    from src.errors import PipelineError
+    from src.core.errors import PipelineError
+    from src.core.params import ExportParams, load_params
     from src.export import text_parity
-    from src.params import ExportParams, load_params
-    from src.text_graph import wrap_file
+    from src.graph.text_graph import wrap_file
 
     models = project / "models"
     other = tmp_path / "tokenizer"

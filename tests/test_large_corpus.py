@@ -14,7 +14,7 @@ def toy_root(tmp_path_factory):
 
 
 def test_ragged_column_reads_every_chunk_and_slice():
-    from src.batching import ragged_column
+    from src.data.batching import ragged_column
 
     rows = [[5, 6, 7], [], [8], [9, 10], [11, 12, 13, 14]]
     whole = pa.array(rows, type=pa.list_(pa.int64()))
@@ -29,7 +29,7 @@ def test_ragged_column_reads_every_chunk_and_slice():
 def test_load_encoded_gives_the_ids_tokenize_wrote(toy_root):
     from datasets import load_from_disk
 
-    from src.batching import load_encoded
+    from src.data.batching import load_encoded
 
     dataset = load_from_disk(str(toy_root / "data/tokenized"))
     for split in ("train", "valid"):

@@ -12,12 +12,12 @@ import torch
 from helpers import train_cfg
 from toy_corpus import toy_pairs
 
-from src.batching import clip_source, make_batch, pad, token_batches
-from src.model import ModelConfig, Transformer
-from src.resume import ResumeStore
-from src.search import greedy_search
-from src.subword import train_spm
-from src.train import Trainer
+from src.data.batching import clip_source, make_batch, pad, token_batches
+from src.data.subword import train_spm
+from src.nmt.model import ModelConfig, Transformer
+from src.nmt.search import greedy_search
+from src.training.resume import ResumeStore
+from src.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

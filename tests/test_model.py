@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from src.model import (
+from src.data.subword import PAD
+from src.nmt.model import (
     ModelConfig,
     MultiHeadAttention,
     Transformer,
@@ -14,7 +15,6 @@ from src.model import (
     padding_mask,
     sinusoidal_positions,
 )
-from src.subword import PAD
 
 
 def test_padding_mask_marks_real_tokens():
@@ -145,7 +145,7 @@ def test_decoder_layers_sets_the_decoder_depth_alone(tmp_path):
     cross keys follow the decoder; a config saved before decoder_layers existed still loads."""
     from dataclasses import asdict
 
-    from src import checkpoint
+    from src.nmt import checkpoint
 
     model = Transformer(ModelConfig(50, 50, d_model=16, n_heads=2, n_layers=2, ffn_dim=32,
                                     decoder_layers=1)).eval()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from src import onnx_attention
-from src.model import ModelConfig, Transformer
+from src.graph import onnx_attention
+from src.nmt.model import ModelConfig, Transformer
 
 
 def test_fused_step_equals_the_models_step_over_a_padded_source():

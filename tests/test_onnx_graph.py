@@ -1,11 +1,11 @@
-"""Graph surgery of src/onnx_graph.py on hand-built graphs."""
+"""Graph surgery of src/graph/onnx_graph.py on hand-built graphs."""
 
 from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from src.onnx_graph import SHARE_MIN_ELEMENTS, share_initializers
+from src.graph.onnx_graph import SHARE_MIN_ELEMENTS, share_initializers
 
 
 def graph_reading(name: str, tensors: dict[str, np.ndarray]):

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from src.errors import PipelineError
-from src.params import SECTIONS, ModelParams, TrainParams, load_params
+from src.core.errors import PipelineError
+from src.core.params import SECTIONS, ModelParams, TrainParams, load_params
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from helpers import TINY_PARAMS, train_cfg
 
-from src import model as model_module
-from src import precision as precision_module
-from src.batching import make_batch, token_batches
-from src.distributed import World
-from src.loss import label_smoothed_cross_entropy
-from src.model import ModelConfig, Transformer, attention_with_dropout, padding_mask
-from src.precision import Precision, cpu_bf16_feature, resolve_precision
-from src.resume import ResumeStore
-from src.train import Trainer
+from src.data.batching import make_batch, token_batches
+from src.nmt import model as model_module
+from src.nmt.model import ModelConfig, Transformer, attention_with_dropout, padding_mask
+from src.training import precision as precision_module
+from src.training.distributed import World
+from src.training.loss import label_smoothed_cross_entropy
+from src.training.precision import Precision, cpu_bf16_feature, resolve_precision
+from src.training.resume import ResumeStore
+from src.training.trainer import Trainer
 
 CPU = torch.device("cpu")
 
@@ -170,8 +170,8 @@ def toy_data(tmp_path_factory):
 
 
 def train_in_process(root, monkeypatch, feature: str, **train):
-    from src.params import ModelParams
-    from src.train import train as train_stage
+    from src.core.params import ModelParams
+    from src.training.fit import train as train_stage
 
     fake_cpu(monkeypatch, feature)
     model_params = ModelParams(d_model=64, n_heads=4, n_layers=2, ffn_dim=128, dropout=0.0,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from src.core.reports import LENGTH_BUCKETS
+from src.core.scoring import length_bucket, score_by_length
 from src.evaluate import length_side
-from src.reports import LENGTH_BUCKETS
-from src.scoring import length_bucket, score_by_length
 
 
 def words(n: int) -> str:

@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from src.model import ModelConfig, Transformer
-from src.search import beam_search, greedy_search
-from src.subword import EOS, UNK
+from src.data.subword import EOS, UNK
+from src.nmt.model import ModelConfig, Transformer
+from src.nmt.search import beam_search, greedy_search
 
 A, B, C = 4, 5, 6
 

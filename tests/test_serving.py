@@ -4,10 +4,13 @@ mlflow.pyfunc and served by `mlflow models serve`, refusing bad requests with a 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from helpers import REPO, run_stage
@@ -122,6 +125,92 @@ def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
             ("src.infer", 1, 1), ("http", 1, 1), ("http", 1, 4),
             ("src.infer", 4, 1), ("http", 4, 1), ("http", 4, 4)]
         assert all(r["errors"] == 0 and r["sentences_per_s"] > 0 for r in table)
+
+
+def uv() -> str | None:
+    """uv (a dev dependency) from this venv or PATH: it builds environments in seconds."""
+    beside = Path(sys.executable).with_name("uv")
+    return str(beside) if beside.exists() else shutil.which("uv")
+
+
+def bare_environ() -> dict[str, str]:
+    """No PYTHONPATH, no MLflow store, no venv of ours on PATH: what a deployment has."""
+    drop = {"PYTHONPATH", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "VIRTUAL_ENV"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    ours = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != ours)
+    return env
+
+
+def fresh_venv(where: Path, *pip_args: str) -> Path:
+    """A virtual environment with only what `pip_args` install; returns its python."""
+    if uv():
+        subprocess.run([uv(), "venv", "-q", "--python", sys.executable, str(where)],
+                       check=True, env=bare_environ(), timeout=300)
+        python = where / "bin" / "python"
+        install = [uv(), "pip", "install", "-q", "--python", str(python)]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=300)
+        python = where / "bin" / "python"
+        install = [str(python), "-m", "pip", "install", "-q"]
+    result = subprocess.run(install + list(pip_args), capture_output=True, text=True,
+                            env=bare_environ(), timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return python
+
+
+def test_the_registered_model_runs_in_an_environment_of_its_own_requirements(
+        tracking, cli_translations, tmp_path):
+    """What `mlflow models serve --env-manager uv|virtualenv` and build-docker do: install the
+    model's requirements.txt and nothing else (no typer, torch, dvc), then load and predict."""
+    import mlflow
+
+    model_dir = Path(mlflow.artifacts.download_artifacts("models:/nmt-en-zh@candidate",
+                                                         dst_path=str(tmp_path / "model")))
+    requirements = model_dir / "requirements.txt"
+    python = fresh_venv(tmp_path / "venv", "-r", str(requirements))
+    script = ("import json, sys, mlflow.pyfunc\n"
+              "model = mlflow.pyfunc.load_model(sys.argv[1])\n"
+              "print(json.dumps(model.predict(json.loads(sys.argv[2]))))\n")
+    result = subprocess.run([str(python), "-c", script, str(model_dir), json.dumps(SENTENCES)],
+                            cwd=tmp_path, capture_output=True, text=True, env=bare_environ(),
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == cli_translations
+    # and the text models' operators are declared, since the text files are in the model
+    assert "onnxruntime-extensions==" in requirements.read_text()
+
+
+@pytest.mark.skipif(uv() is None, reason="uv is not installed")
+def test_mlflow_serves_the_model_in_an_environment_it_builds_with_uv(
+        tracking, cli_translations, tmp_path):
+    from tracking_server import model_server
+
+    env = {**bare_environ(), "MLFLOW_TRACKING_URI": tracking,
+           "PATH": os.pathsep.join([str(Path(uv()).parent), bare_environ()["PATH"]])}
+    with model_server("models:/nmt-en-zh@candidate", tmp_path, env, start_timeout_s=1200,
+                      env_manager="uv") as url:
+        status, body = post(url, json.dumps({"inputs": SENTENCES}).encode())
+    assert status == 200, body
+    assert json.loads(body)["predictions"] == cli_translations
+
+
+def test_src_infer_runs_with_only_the_packages_the_readme_names(project, cli_translations,
+                                                                tmp_path):
+    """The README: `src.infer` needs only onnxruntime, numpy, sentencepiece and typer."""
+    readme = (REPO / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("`src.infer` needs only"))
+    packages = ["onnxruntime", "numpy", "sentencepiece", "typer"]
+    assert all(name in line for name in packages), line
+    python = fresh_venv(tmp_path / "venv", *packages)
+    # the checkout's code on the path, as a client that copies src/ would have it
+    env = {**bare_environ(), "PYTHONPATH": str(REPO), "NMT_ROOT": str(project)}
+    result = subprocess.run([str(python), "-m", "src.infer", "--onnx",
+                             str(project / "models/model.onnx")],
+                            input="".join(s + "\n" for s in SENTENCES), cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == cli_translations
 
 
 def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from src.errors import PipelineError
-from src.params import PairParams, SplitParams
+from src.core.errors import PipelineError
+from src.core.params import PairParams, SplitParams
 from src.split import read_pairs, split_grouped
 
 PAIR = PairParams(source_lang="en", target_lang="zh", source_column=0, target_column=1)

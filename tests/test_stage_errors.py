@@ -127,7 +127,7 @@ def test_unexpected_exception_is_one_line_with_the_traceback_saved(monkeypatch, 
 
     import typer
 
-    from src.errors import run_cli
+    from src.core.cli import run_cli
 
     app = typer.Typer(add_completion=False)
 
@@ -152,7 +152,7 @@ def test_disk_full_is_one_line_not_a_traceback(monkeypatch, capsys):
 
     import typer
 
-    from src.errors import run_cli
+    from src.core.cli import run_cli
 
     app = typer.Typer(add_completion=False)
 
@@ -194,13 +194,13 @@ def stop_handlers():
     """SIGINT and SIGTERM handled as run_cli handles them, restored afterwards."""
     import signal
 
-    from src import errors
+    from src.core import cli
 
-    previous = {signum: signal.signal(signum, errors._stop) for signum in errors.STOPS}
+    previous = {signum: signal.signal(signum, cli._stop) for signum in cli.STOPS}
     yield
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-    errors._stopped_by.clear()
+    cli._stopped_by.clear()
 
 
 def test_a_stop_while_the_runs_are_closed_waits_until_both_are_ended(stop_handlers):
@@ -208,7 +208,7 @@ def test_a_stop_while_the_runs_are_closed_waits_until_both_are_ended(stop_handle
     left the repro run RUNNING forever (seen in CI); now both end, then the stop acts."""
     import signal
 
-    from src import errors, tracking
+    from src.core import cli, tracking
 
     ended = []
 
@@ -223,7 +223,7 @@ def test_a_stop_while_the_runs_are_closed_waits_until_both_are_ended(stop_handle
         def set_terminated(run_id, status):
             ended.append((run_id, status))
 
-    with pytest.raises(errors.Terminated):
+    with pytest.raises(cli.Terminated):
         tracking._finish(Mlflow, Client, "repro", "FINISHED")
     assert ended == [("stage", "FINISHED"), ("repro", "FINISHED")]
 
@@ -232,11 +232,11 @@ def test_a_second_stop_inside_a_deferred_block_acts_at_once(stop_handlers):
     """So a tracking server that hangs while runs are closed cannot make Ctrl-C wait."""
     import signal
 
-    from src import errors
+    from src.core import cli
 
     reached = []
     with pytest.raises(KeyboardInterrupt):
-        with errors.stops_deferred():
+        with cli.stops_deferred():
             os.kill(os.getpid(), signal.SIGINT)
             reached.append("after the first")
             os.kill(os.getpid(), signal.SIGINT)
@@ -252,7 +252,7 @@ def test_a_stop_inside_an_mlflow_call_acts_once_the_call_is_done(stop_handlers, 
 
     import mlflow
 
-    from src import errors, tracking
+    from src.core import cli, tracking
 
     logged = []
 
@@ -261,7 +261,7 @@ def test_a_stop_inside_an_mlflow_call_acts_once_the_call_is_done(stop_handlers, 
         logged.append(metrics)  # the rest of the write, which the stop used to cut off
 
     monkeypatch.setattr(mlflow, "log_metrics", log_metrics)
-    with pytest.raises(errors.Terminated):
+    with pytest.raises(cli.Terminated):
         tracking.MlflowRun(None, "run").log_metrics({"loss": 1.0}, step=1)
     assert logged == [{"loss": 1.0}]
     assert "stopping once MLflow's log_metrics is done" in capsys.readouterr().err
@@ -276,7 +276,7 @@ def test_a_deferred_stop_outside_the_cli_still_ends_the_process():
 
     from helpers import REPO
 
-    code = ("import os, signal\nfrom src import errors\nwith errors.stops_deferred():\n"
+    code = ("import os, signal\nfrom src.core import cli\nwith cli.stops_deferred():\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n    print('held', flush=True)\n"
             "print('went on')\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

@@ -8,7 +8,7 @@ import time
 import pytest
 from tracking_server import mlflow_server
 
-from src import tracking
+from src.core import tracking
 
 pytestmark = pytest.mark.slow
 

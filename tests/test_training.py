@@ -13,22 +13,23 @@ import torch
 import torch.nn.functional as F
 from helpers import REPO, train_cfg
 
-from src import checkpoint
-from src.augment import (
+from src.core.errors import PipelineError
+from src.data.augment import (
     EpochPairs,
     Segmentations,
     TrainingCorpus,
     drop_target_words,
     joined_pairs,
 )
-from src.batching import Ragged, make_batch, token_batches
-from src.errors import PipelineError
-from src.model import ModelConfig, Transformer
-from src.resume import TrainState
-from src.selection import EpochSelection
-from src.subword import BOS, EOS, PAD, UNK
-from src.train import lr_factor, out_of_budget
-from src.validation import token_loss
+from src.data.batching import Ragged, make_batch, token_batches
+from src.data.subword import BOS, EOS, PAD, UNK
+from src.nmt import checkpoint
+from src.nmt.model import ModelConfig, Transformer
+from src.training.loop import out_of_budget
+from src.training.resume import TrainState
+from src.training.selection import EpochSelection
+from src.training.trainer import lr_factor
+from src.training.validation import token_loss
 
 
 def test_make_batch_adds_bos_eos_and_pads():
@@ -130,7 +131,7 @@ def test_subword_sampling_redraws_each_epoch_the_same_way_in_any_process(tmp_pat
 
     import sentencepiece as spm
 
-    from src.subword import train_spm
+    from src.data.subword import train_spm
 
     text = ["the quick brown fox jumps over the lazy dog", "a friend in need is a friend indeed",
             "she sells sea shells by the sea shore", "peter piper picked a peck of peppers"]
@@ -150,8 +151,8 @@ def test_subword_sampling_redraws_each_epoch_the_same_way_in_any_process(tmp_pat
     assert [first.target(i).tolist() for i in range(4)] != rows  # each side its own draw
     # another process draws the same (SentencePiece's own sampling would not)
     (tmp_path / "spm.model").write_bytes(model)
-    code = ("import sentencepiece as spm, sys; from src.augment import Segmentations, "
-            "TrainingCorpus; from src.batching import Ragged\n"
+    code = ("import sentencepiece as spm, sys; from src.data.augment import Segmentations, "
+            "TrainingCorpus; from src.data.batching import Ragged\n"
             f"text = {text!r}\n"
             f"sp = spm.SentencePieceProcessor(model_file={str(tmp_path / 'spm.model')!r})\n"
             "c = Segmentations.of(sp, text); best = Ragged.from_rows(sp.encode(text))\n"
@@ -284,8 +285,8 @@ def test_epochs_are_kept_and_ranked_by_criterion(tmp_path):
 
 
 def test_a_params_change_moves_checkpoints_aside_instead_of_deleting(tmp_path, capsys):
-    from src.params import ModelParams
-    from src.resume import ResumeStore, trajectory_params
+    from src.core.params import ModelParams
+    from src.training.resume import ResumeStore, trajectory_params
 
     model_params = ModelParams(d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
                                pre_norm=True, max_positions=16, tie_embeddings=True,
@@ -313,8 +314,8 @@ def test_a_params_change_moves_checkpoints_aside_instead_of_deleting(tmp_path, c
 
 
 def test_other_data_or_cosine_horizon_is_not_resumed(tmp_path, capsys):
-    from src.params import ModelParams
-    from src.resume import ResumeStore, trajectory_params
+    from src.core.params import ModelParams
+    from src.training.resume import ResumeStore, trajectory_params
 
     model_params = ModelParams(d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
                                pre_norm=True, max_positions=16, tie_embeddings=True,
@@ -333,7 +334,7 @@ def test_other_data_or_cosine_horizon_is_not_resumed(tmp_path, capsys):
 def test_an_mlflow_failure_does_not_stop_the_stage(monkeypatch, capsys):
     import mlflow
 
-    from src import tracking
+    from src.core import tracking
 
     def broken(*args, **kwargs):
         raise mlflow.exceptions.MlflowException("database is locked")
@@ -348,7 +349,7 @@ def test_an_mlflow_failure_does_not_stop_the_stage(monkeypatch, capsys):
 
 
 def test_an_unreachable_tracking_store_runs_the_stage_untracked(monkeypatch, capsys):
-    from src import tracking
+    from src.core import tracking
 
     def unreachable(*args):
         raise ConnectionError("tracking server down")
@@ -363,7 +364,7 @@ def test_an_unreachable_tracking_store_runs_the_stage_untracked(monkeypatch, cap
 
 def test_a_checkpoint_past_a_lowered_cap_is_set_aside(tmp_path, capsys):
     """Lowering train.max_steps below the steps taken cannot be honoured by resuming."""
-    from src.resume import ResumeStore
+    from src.training.resume import ResumeStore
 
     model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16))
     ResumeStore(tmp_path / "c", {}, "d").save(TrainState(step=40, epoch=2), model)
@@ -375,7 +376,7 @@ def test_a_checkpoint_past_a_lowered_cap_is_set_aside(tmp_path, capsys):
 
 FREE_AND_MEASURE = """
 import sys, numpy as np, psutil
-from src.host_memory import keep_freed_memory
+from src.training.host_memory import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 rss = psutil.Process().memory_info
@@ -401,7 +402,7 @@ def test_freed_blocks_stay_in_the_process_for_the_next_step_to_reuse():
 
 
 def test_rdrop_loss_matches_hand_computed_values():
-    from src.loss import rdrop_loss
+    from src.training.loss import rdrop_loss
 
     # V = 2, gold 1. Pass 1: logits (0, 0), P1 = (1/2, 1/2); pass 2: (0, ln 3), P2 = (1/4, 3/4).
     logits = torch.tensor([[0.0, 0.0], [0.0, math.log(3.0)]], requires_grad=True)

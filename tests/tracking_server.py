@@ -69,13 +69,15 @@ def mlflow_server(workdir: Path, start_timeout_s: float = 90):
 
 @contextmanager
 def model_server(model_uri: str, workdir: Path, env: dict[str, str],
-                 start_timeout_s: float = 120):
+                 start_timeout_s: float = 120, env_manager: str = "local"):
     """`mlflow models serve` of `model_uri` on loopback; yields its base URL. Killed (with its
-    workers) on exit whatever happens."""
+    workers) on exit whatever happens. `env_manager` uv or virtualenv builds the model's own
+    environment first (allow for it in `start_timeout_s`)."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri,
-           "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+           "--env-manager", env_manager, "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1"]
     log = (workdir / "serve.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **env})

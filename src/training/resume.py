@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from src import checkpoint
-from src.errors import PipelineError
-from src.params import ModelParams, TrainParams
+from src.core.errors import PipelineError
+from src.core.params import ModelParams, TrainParams
+from src.nmt import checkpoint
 
 # train.* keys that do not change which weights the run produces, step for step
 FREE_TRAIN_KEYS = frozenset(

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from src import checkpoint, failpoints
-from src.resume import TrainState
+from src.core import failpoints
+from src.nmt import checkpoint
+from src.training.resume import TrainState
 
 
 class EpochSelection:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from onnx.defs import OpSchema
 from torch import Tensor
 
-from src.model import KV, DecoderLayer, Transformer
+from src.nmt.model import KV, DecoderLayer, Transformer
 
 MS_DOMAIN = "com.microsoft"
 
@@ -132,8 +132,8 @@ def decode_step_hidden(model: Transformer, tokens: Tensor, cache: list[KV], cros
                        key_mask: Tensor) -> tuple[Tensor, list[KV]]:
     """`Transformer.decode_step_hidden` through the custom ops; key_mask (B, S) int.
 
-    It mirrors the model's own step rather than replacing it, so training and `src.search`
-    never depend on these ops; export's parity check (ORT vs `src.search`) and
+    It mirrors the model's own step rather than replacing it, so training and `src.nmt.search`
+    never depend on these ops; export's parity check (ORT vs `src.nmt.search`) and
     tests/test_export.py compare the two."""
     position = cache[0][0].shape[2]
     y = model.tgt_embed(tokens, offset=position)

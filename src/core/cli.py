@@ -1,6 +1,4 @@
-"""One error type for problems a user can fix, and the CLI seam that prints them as one line.
-
-Stages raise `PipelineError("what is wrong and what to do")`; `run_cli` turns it, usage
+"""The CLI seam of every command: `run_cli` runs a Typer app and turns a `PipelineError`, usage
 errors, OS errors (disk full, permissions) and even unexpected exceptions into a single
 `error: …` line on stderr, never a traceback. Exit codes: 0 ok, 1 failure, 2 bad command line,
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). `NMT_DEBUG=1` re-raises, for developers who
@@ -27,9 +25,7 @@ from contextlib import contextmanager
 
 import typer
 
-
-class PipelineError(Exception):
-    """A failure caused by input, configuration or environment, explained in one line."""
+from src.core.errors import PipelineError, one_line
 
 
 class Terminated(KeyboardInterrupt):
@@ -85,10 +81,6 @@ def stops_deferred(doing: str = ""):
                 handler(held[0], None)
             elif handler == signal.SIG_DFL:  # outside run_cli: die as asked
                 os.kill(os.getpid(), held[0])
-
-
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def _is_usage_error(exc: BaseException) -> bool:
@@ -156,13 +148,3 @@ def run_cli(app: typer.Typer) -> None:
 def _die(message: str, code: int = 1) -> None:
     print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(code)
-
-
-def require_file(path, produced_by: str) -> None:
-    """Fail clearly when an upstream output is missing (e.g. a stage run out of order)."""
-    from pathlib import Path
-
-    if not Path(path).exists():
-        raise PipelineError(
-            f"missing input {path}: run the '{produced_by}' stage first (dvc repro)"
-        )

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from src import errors, paths
+from src.core import cli, paths
 
 EXPERIMENT = os.environ.get("NMT_EXPERIMENT", "nmt")
 
@@ -93,7 +93,7 @@ def best_effort(method):
         if time.monotonic() < getattr(run, "_paused_until", 0.0):
             return None
         try:
-            with errors.stops_deferred(f"MLflow's {method.__name__}"):
+            with cli.stops_deferred(f"MLflow's {method.__name__}"):
                 return method(run, *args, **kwargs)
         except Exception as exc:
             warn_once(method.__name__, exc)
@@ -188,9 +188,9 @@ class MlflowRun(NullRun):
             self._client.log_inputs(run_id, datasets=inputs)
 
     @best_effort
-    def log_model(self, log: Callable[[], str]) -> str:
+    def log_model(self, log: Callable[[], str]) -> str | None:
         """Run `log`, which logs a model into this (active) run and registers it; returns the
-        registered version."""
+        registered version, or None when the tracking store failed (best effort)."""
         return log()
 
 
@@ -335,7 +335,7 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
     opened = None
     status = "FAILED"
     try:
-        with errors.stops_deferred("opening the MLflow run"):  # a stop then acts, below
+        with cli.stops_deferred("opening the MLflow run"):  # a stop then acts, below
             try:
                 opened = _open_run(stage, params, deps,
                                    system_metrics and system_metrics_wanted())
@@ -347,7 +347,7 @@ def stage_run(stage: str, params: dict[str, Any], deps: list[Path] = (),
             client, run, parent = opened
             yield MlflowRun(client, run.info.run_id, parent)
         status = "FINISHED"
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (errors.Terminated): stopped, not broken
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli.Terminated): stopped, not broken
         status = "KILLED"
         raise
     finally:
@@ -402,7 +402,7 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path], system_metri
 
 def _finish(mlflow, client, parent: str, status: str) -> None:
     """End the stage's run, then its repro run; a stop arriving meanwhile waits for both."""
-    with errors.stops_deferred("closing the MLflow runs"):
+    with cli.stops_deferred("closing the MLflow runs"):
         try:
             mlflow.end_run(status)
         except Exception as exc:

@@ -11,7 +11,7 @@ onnxruntime/transformers/convert_generation.py, which we cannot import: it needs
   `past_value_self_i` (B, H, T, d_head), then `past_key_cross_i`, `past_value_cross_i`
   -> `logits` (B, 1, V), `present_key_self_i`, `present_value_self_i` (B, H, T + 1, d_head)
   (`Transformer.decode_step`; the position is T, the length of `past_key_self_0`), its
-  attentions fused into com.microsoft.MultiHeadAttention nodes (src/onnx_attention.py).
+  attentions fused into com.microsoft.MultiHeadAttention nodes (src/graph/onnx_attention.py).
 
 The outer graph is what any ONNX Runtime client calls with one `session.run`:
 
@@ -26,7 +26,7 @@ The outer graph is what any ONNX Runtime client calls with one `session.run`:
 
 The source attention mask is computed inside the graph from `input_ids != PAD`, because ORT's
 own mask only handles left padding. PAD, BOS and UNK logits are set to -inf inside the decoder,
-as `src.search` does, so both searches see the same log-probabilities.
+as `src.nmt.search` does, so both searches see the same log-probabilities.
 Metadata (special ids, languages, limits, tokenizer fingerprints) goes into metadata_props.
 """
 
@@ -46,11 +46,11 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
-from src import onnx_attention
-from src.generation import SEARCH_INPUTS
-from src.model import Transformer
-from src.onnx_attention import MS_DOMAIN
-from src.subword import BOS, EOS, PAD, UNK
+from src.data.subword import BOS, EOS, PAD, UNK
+from src.graph import onnx_attention
+from src.graph.onnx_attention import MS_DOMAIN
+from src.nmt.model import Transformer
+from src.runtime.generation import SEARCH_INPUTS
 
 BANNED = (PAD, BOS, UNK)
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
@@ -83,12 +83,12 @@ class CrossAttentionKV(nn.Module):
 class DecoderStep(nn.Module):
     """Decoder subgraph: one token with the self-attention cache -> logits and the grown cache.
 
-    Its attentions are ORT's fused MultiHeadAttention nodes (src/onnx_attention.py)."""
+    Its attentions are ORT's fused MultiHeadAttention nodes (src/graph/onnx_attention.py)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
-        # -inf on the banned ids, as src.search sets them, so ORT's log-softmax equals
+        # -inf on the banned ids, as src.nmt.search sets them, so ORT's log-softmax equals
         # PyTorch's on the other tokens. It is the projection's bias (x + 0 = x and
         # x - inf = -inf exactly): one Gemm, where a masked_fill over every logit was ~5% of
         # the decoder's time in ORT's profile.

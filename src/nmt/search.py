@@ -11,16 +11,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from src.batching import clip_source, pad
-from src.generation import max_new_tokens
-from src.model import Transformer
-from src.subword import BOS, EOS, PAD, UNK
+from src.data.batching import clip_source, pad
+from src.data.subword import BOS, EOS, PAD, UNK
+from src.nmt.model import Transformer
+from src.runtime.generation import max_new_tokens
 
 BANNED = (PAD, BOS, UNK)
 
 
 def max_output_length(src: Tensor, ratio: float, model: Transformer) -> int:
-    """src.generation's rule for a batch of source rows (with EOS)."""
+    """src.runtime.generation's rule for a batch of source rows (with EOS)."""
     return max_new_tokens(int((src != PAD).sum(1).max()), ratio, model.max_positions - 1)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from src.subword import BOS, EOS, PAD
+from src.data.subword import BOS, EOS, PAD
 
 POOL_BATCHES = 100
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from src.atomic import write_json
+from src.core.atomic import write_json
 
 # Source-length buckets (words) of evaluate's scores: the corpus averages six words, and the
 # long tail is where users feel the quality.

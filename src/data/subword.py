@@ -16,7 +16,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from src.errors import PipelineError
+from src.core.errors import PipelineError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 META = "tokenizer.json"

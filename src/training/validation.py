@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from src import failpoints
-from src.batching import make_batch, token_batches
-from src.loss import label_smoothed_cross_entropy, rdrop_loss
-from src.model import Transformer
-from src.scoring import bleu as corpus_bleu
-from src.search import translate_ids
-from src.subword import PAD, Tokenizers
+from src.core import failpoints
+from src.core.scoring import bleu as corpus_bleu
+from src.data.batching import make_batch, token_batches
+from src.data.subword import PAD, Tokenizers
+from src.nmt.model import Transformer
+from src.nmt.search import translate_ids
+from src.training.loss import label_smoothed_cross_entropy, rdrop_loss
 
 VALID_MAX_LENGTH_RATIO = 2.0  # as evaluate's default; train must not read evaluate's params
 VALID_BATCH_SIZE = 64

@@ -1,5 +1,5 @@
 """The MLflow model: a pyfunc that takes sentences and returns translations, running the
-exported ONNX graph through src/generation.py (no torch at serving time).
+exported ONNX graph through src/runtime/generation.py (no torch at serving time).
 
     model = mlflow.pyfunc.load_model("models:/nmt-en-zh@candidate")
     model.predict(["How are you?"], params={"beam": 4})
@@ -14,18 +14,28 @@ version of `nmt-<src>-<tgt>` and points the alias `candidate` at it.
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
 
-from src.generation import MAX_BEAM, load_translator
-from src.paths import text_twin
+from src.core.paths import text_twin
+from src.runtime.generation import MAX_BEAM, load_translator
 
 CANDIDATE = "candidate"
 MAX_CHARS = 5_000  # per sentence: the model reads at most a few hundred tokens of it anyway
 MAX_SENTENCES = 10_000  # per request; larger batches belong in spark_udf or a loop
 EXAMPLE = ["How are you?"]
+# The files of src/ the served model imports (mlflow_model.py and all it pulls in), relative to
+# src/: MLflow copies them into the model, which then loads with its requirements alone (no
+# typer, torch or dvc). tests/test_serving.py checks the list against the imports.
+MODEL_CODE = ("__init__.py", "core/__init__.py", "core/errors.py", "core/paths.py",
+              "data/__init__.py", "data/subword.py", "runtime/__init__.py",
+              "runtime/generation.py", "runtime/mlflow_model.py", "runtime/serving.py")
 
 
 def bad_request(message: str):
@@ -99,11 +109,14 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         return self.translator.translate(sentences, beam, max_length, batch_size=32)
 
 
-def requirements() -> list[str]:
+def requirements(text_models: bool = False) -> list[str]:
     """What the model needs to run: the installed ONNX Runtime build, sentencepiece, numpy,
-    pandas; never torch."""
+    pandas, and onnxruntime-extensions when the text models are in it; never torch."""
+    names = ["onnxruntime-gpu", "onnxruntime", "sentencepiece", "numpy", "pandas"]
+    if text_models:
+        names.append("onnxruntime-extensions")
     pins = []
-    for name in ("onnxruntime-gpu", "onnxruntime", "sentencepiece", "numpy", "pandas"):
+    for name in names:
         try:
             pins.append(f"{name}=={importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
@@ -111,6 +124,18 @@ def requirements() -> list[str]:
     if pins[0].startswith("onnxruntime-gpu") and pins[1].startswith("onnxruntime=="):
         pins.pop(1)  # the GPU build provides the module; both would conflict
     return pins
+
+
+@contextmanager
+def model_code() -> Iterator[Path]:
+    """A `src` folder holding only MODEL_CODE, for MLflow's `code_paths`."""
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="nmt-model-code-") as tmp:
+        for rel in MODEL_CODE:
+            target = Path(tmp, "src", rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, target)
+        yield Path(tmp, "src")
 
 
 def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
@@ -127,16 +152,18 @@ def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
     for key, path in (("model_text", onnx_path), ("model_int8_text", int8_path)):
         if path is not None and text_twin(path).exists():
             artifacts[key] = str(text_twin(path))
-    info = mlflow.pyfunc.log_model(
-        name="translator",
-        python_model=str(Path(__file__).with_name("mlflow_model.py")),
-        artifacts=artifacts,
-        # (input, params): the signature's params `beam` and `max_length`, 0 = the defaults
-        input_example=(EXAMPLE, {"beam": 0, "max_length": 0}),
-        pip_requirements=requirements(),
-        code_paths=[str(Path(__file__).resolve().parent)],  # the `src` package
-        registered_model_name=registered_name,
-    )
+    text_models = any(key.endswith("_text") for key in artifacts)
+    with model_code() as code:
+        info = mlflow.pyfunc.log_model(
+            name="translator",
+            python_model=str(Path(__file__).with_name("mlflow_model.py")),
+            artifacts=artifacts,
+            # (input, params): the signature's params `beam` and `max_length`, 0 = the defaults
+            input_example=(EXAMPLE, {"beam": 0, "max_length": 0}),
+            pip_requirements=requirements(text_models),
+            code_paths=[str(code)],
+            registered_model_name=registered_name,
+        )
     version = str(info.registered_model_version)
     MlflowClient().set_registered_model_alias(registered_name, CANDIDATE, version)
     return version

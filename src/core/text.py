@@ -14,7 +14,7 @@ import codecs
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from src.errors import PipelineError
+from src.core.errors import PipelineError
 
 _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 

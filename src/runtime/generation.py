@@ -2,7 +2,7 @@
 sentencepiece only (no torch), so `src.infer`, the MLflow model, the benchmarks and export's own
 checks all run the graph the same way.
 
-The graph (built by src/onnx_graph.py) takes the inputs in `SEARCH_INPUTS`: `input_ids` int32
+The graph (built by src/graph/onnx_graph.py) takes the inputs in `SEARCH_INPUTS`: `input_ids` int32
 (B, S), source ids ending with EOS, right-padded with PAD; then `max_length` (the BOS start
 token + new tokens), `min_length`, `num_beams`, `num_return_sequences`, `length_penalty`,
 `repetition_penalty`. It returns `sequences` (B, 1, T): BOS, the tokens, PAD. Its
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from src.errors import PipelineError
-from src.subword import decode_ids
+from src.core.errors import PipelineError
+from src.data.subword import decode_ids
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
 # A text model (src/text_graph.py): `text` strings (B,) -> `translation` strings (B,), with

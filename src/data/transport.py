@@ -23,8 +23,8 @@ from pathlib import Path
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from src import paths
-from src.errors import PipelineError
+from src.core import paths
+from src.core.errors import PipelineError
 
 USER_AGENT = (  # manythings.org refuses bare clients
     "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "

@@ -26,8 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from src import paths
-from src.errors import PipelineError
+from src.core import paths
+from src.core.errors import PipelineError
 
 
 class Section(BaseModel):

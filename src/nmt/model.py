@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.dropout import Dropout, dropout
-from src.subword import PAD
+from src.data.subword import PAD
+from src.nmt.dropout import Dropout, dropout
 
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from src.batching import Ragged
-from src.subword import EOS, UNK
+from src.data.batching import Ragged
+from src.data.subword import EOS, UNK
 
 # Segmentation candidates per sentence (Kudo's l-best sampling, l = 32): short sentences have
 # fewer, and 32 lists the alternatives that carry nearly all the probability mass.

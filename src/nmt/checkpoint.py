@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from src.atomic import atomic_path
-from src.errors import PipelineError
-from src.model import ModelConfig, Transformer
+from src.core.atomic import atomic_path
+from src.core.errors import PipelineError
+from src.nmt.model import ModelConfig, Transformer
 
 
 def model_state(model: Transformer, **extra) -> dict:

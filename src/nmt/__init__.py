@@ -1,0 +1,1 @@
+"""The Transformer in PyTorch: the model, its dropout, checkpoints, and greedy/beam search."""

@@ -1,0 +1,172 @@
+"""The train stage's work, from encoded data to models/model.pt: the corpus and the model, the
+step count of the schedule, resume, the epoch loop under an MLflow run, then the averaged model,
+its valid score, the curves and the reports. Data-parallel ranks all run it; rank 0 alone
+validates and writes."""
+
+from __future__ import annotations
+
+import csv
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from src.core import failpoints, paths, tracking
+from src.core.atomic import atomic_path
+from src.core.errors import PipelineError
+from src.core.params import ModelParams, TrainParams
+from src.core.reports import TRAIN_HEADLINE, write_report
+from src.data.augment import Segmentations, TrainingCorpus
+from src.data.batching import batches_per_step, load_encoded, steps_in_epoch, token_batches
+from src.data.subword import check_encoded_with, load_tokenizers
+from src.nmt import checkpoint
+from src.nmt.model import Transformer, count_parameters, model_config
+from src.training.distributed import World
+from src.training.host_memory import keep_freed_memory
+from src.training.loop import run_training
+from src.training.precision import resolve_precision
+from src.training.resume import ResumeStore, data_digest, note, trajectory_params
+from src.training.trainer import Trainer, set_seed
+from src.training.validation import ValidScorer, validation_bleu
+
+
+def training_corpus(data_dir: Path, cfg: TrainParams, tokenizers) -> TrainingCorpus:
+    """The train split's ids, and with subword sampling each sentence's segmentations."""
+    if cfg.bidirectional_epochs and not tokenizers.shared_vocab:
+        raise PipelineError("train.bidirectional_epochs needs one vocabulary for both sides: "
+                            "set tokenize.shared_vocab: true, or train.bidirectional_epochs: 0")
+    corpus = TrainingCorpus(load_encoded(data_dir, "train"), cfg.seed, cfg.concat_ratio,
+                            cfg.subword_alpha, bidirectional_epochs=cfg.bidirectional_epochs)
+    if cfg.subword_alpha > 0:
+        from datasets import load_from_disk
+
+        part = load_from_disk(str(data_dir))["train"]
+        corpus.candidates = (Segmentations.of(tokenizers.source, list(part["source"])),
+                             Segmentations.of(tokenizers.target, list(part["target"])))
+    return corpus
+
+
+def write_curve(path: Path, rows: list[dict]) -> None:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
+        if rows:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def train(
+    world: World,
+    model_params: ModelParams,
+    cfg: TrainParams,
+    data_dir: Path,
+    tokenizer_dir: Path,
+    ckpt_dir: Path,
+    model_out: Path,
+    reports: tuple[Path, Path],
+    checkpoint_every_steps: int,
+) -> None:
+    metrics, stats = reports
+    keep_freed_memory()
+    threads = cfg.threads or world.default_threads()  # 0: resolved and recorded
+    torch.set_num_threads(threads)
+    set_seed(cfg.seed)
+    device = world.device()
+    tokenizers = load_tokenizers(tokenizer_dir)
+    check_encoded_with(data_dir, tokenizer_dir)
+    target_lang, shared_vocab = tokenizers.target_lang, tokenizers.shared_vocab
+    corpus = training_corpus(data_dir, cfg, tokenizers)
+    valid_data = tuple(side.tolist() for side in load_encoded(data_dir, "valid"))
+    config = model_config(
+        model_params, tokenizers.source_vocab, tokenizers.target_vocab, shared_vocab
+    )
+    model = Transformer(config).to(device)
+    if world.distributed:
+        torch.manual_seed(cfg.seed + world.rank)  # same initial weights, own dropout masks
+    params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
+
+    def epoch_steps(epoch: int) -> int:
+        n_batches = len(token_batches(*corpus.epoch(epoch).lengths(), cfg.max_tokens, cfg.seed,
+                                      length_multiple=cfg.length_multiple))
+        steps = steps_in_epoch(n_batches, cfg.accumulation_steps, world.size)
+        if steps == 0:
+            raise PipelineError(
+                f"{n_batches} batches cannot give each of {world.size} ranks "
+                f"{cfg.accumulation_steps} per step: lower train.max_tokens or the world size")
+        return steps
+
+    # the cosine horizon: bidirectional epochs hold twice the pairs, so count them apart
+    # (epoch 0 last: the corpus keeps the epoch it built last, and training starts there)
+    steps_per_epoch = epoch_steps(cfg.bidirectional_epochs)
+    both_ways = min(cfg.bidirectional_epochs, cfg.epochs)
+    steps_both_ways = epoch_steps(0) if both_ways else 0
+    total_steps = cfg.max_steps or (steps_per_epoch * (cfg.epochs - both_ways)
+                                    + steps_both_ways * both_ways)
+    # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
+    # hashed once (it reads every byte of the data), then shared with the other ranks
+    digest = world.from_main(data_digest(data_dir, tokenizer_dir) if world.is_main else None)
+    precision, warning = resolve_precision(cfg.precision, device)
+    if warning and world.is_main:
+        note(warning)
+    store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg, precision.name), digest)
+    trainer = Trainer(model, cfg, device, total_steps, store, threads, world, precision)
+    trainer.try_resume()
+    score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang)
+    n_params = count_parameters(model)
+    global_batch = cfg.max_tokens * batches_per_step(cfg.accumulation_steps, world.size)
+    if world.is_main:
+        per_epoch = f"~{steps_per_epoch:,} steps/epoch"
+        if both_ways:
+            per_epoch = f"~{steps_both_ways:,} steps/epoch in both directions" + (
+                f" for the first {both_ways}, then {per_epoch}" if both_ways < cfg.epochs else "")
+        print(
+            f"train: {n_params:,} parameters, {len(corpus.ids[0]):,} pairs, "
+            f"{per_epoch} on {device}, {world.size} rank(s) x "
+            f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
+            f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} ranks); "
+            f"{precision.name} ({precision.reason})"
+        )
+    opened = (tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir],
+                                 system_metrics=True)
+              if world.is_main else nullcontext(tracking.NullRun()))
+    with opened as run:
+        run.log_datasets(data_dir, {"train": "training", "valid": "validation"})
+        run.set_tags({"precision": precision.name})
+        run.log_metrics({"n_parameters": n_params, "threads": threads,
+                         "world_size": world.size, "global_batch_tokens": global_batch})
+        selection = run_training(
+            trainer, corpus, score_valid, run, model.max_positions, checkpoint_every_steps
+        )
+        if not world.is_main:
+            return
+        st = trainer.state
+        weights, epochs = selection.averaged_weights()
+        failpoints.hit("during_averaging")
+        model.load_state_dict(weights)
+        final_valid = score_valid(model, device)  # of the averaged model
+        if "valid_bleu" not in final_valid:  # select_by loss: BLEU is still the headline
+            final_valid["valid_bleu"] = validation_bleu(model, *valid_data, tokenizers,
+                                                        target_lang)
+        checkpoint.save(checkpoint.model_state(model, averaged_epochs=epochs), model_out)
+        write_curve(metrics.with_name(paths.TRAIN_CURVE.name), st.curve)
+        write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)
+        summary = {
+            "n_parameters": n_params,
+            "steps": st.step,
+            "epochs": st.epoch,
+            "threads": threads,
+            "world_size": world.size,
+            "precision": precision.name,
+            "global_batch_tokens": global_batch,
+            "train_seconds": round(st.train_seconds, 1),
+            "train_minutes": round(st.train_seconds / 60, 1),
+            "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
+            "best_epoch_valid_" + cfg.select_by: round(abs(st.best_criterion), 4),
+            "averaged_epochs": len(epochs),
+        } | {"final_" + k: round(v, 4) for k, v in final_valid.items() if k != "criterion"}
+        summary["valid_bleu"] = round(final_valid["valid_bleu"], 2)
+        write_report(summary, stats, metrics, TRAIN_HEADLINE)
+        # valid_bleu is the curve's name in MLflow; there the final model's is final_valid_bleu
+        # precision is text: a tag (set at the start), not a metric
+        run.log_metrics({k: v for k, v in summary.items() if k not in {"valid_bleu", "precision"}})
+        run.log_artifact(model_out, "model")
+    print("train: " + ", ".join(f"{k} {v}" for k, v in summary.items()))

@@ -1,0 +1,212 @@
+"""The epoch loop: batches each epoch, steps, logs the curve, validates after every epoch,
+records the epoch for selection, and stops on the epoch count, `train.patience` or a budget. A
+Ctrl-C or SIGTERM waits for the step it arrives in and saves last.pt there, so a stopped run
+resumes bit for bit."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from contextlib import contextmanager
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from src.core import cli, failpoints, tracking
+from src.core.errors import PipelineError
+from src.core.params import TrainParams
+from src.data.augment import TrainingCorpus
+from src.data.batching import (
+    batches_per_step,
+    make_batch,
+    rank_share,
+    steps_in_epoch,
+    token_batches,
+)
+from src.training.resume import TrainState
+from src.training.selection import EpochSelection
+from src.training.trainer import Trainer
+from src.training.validation import ValidScorer
+
+
+def progress_bar(show: bool = True) -> Progress:
+    return Progress(
+        TextColumn("[bold]train[/] epoch {task.fields[epoch]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn(
+            "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:,.0f} tok/s"
+        ),
+        disable=not show,
+    )
+
+
+def run_training(
+    trainer: Trainer,
+    corpus: TrainingCorpus,
+    score_valid: ValidScorer,
+    run,
+    max_positions: int,
+    checkpoint_every_steps: int,
+) -> EpochSelection:
+    cfg, model, world = trainer.cfg, trainer.model, trainer.world
+    st = trainer.state
+    selection = EpochSelection(trainer.store.dir, st, cfg.average_last, cfg.patience,
+                               write=world.is_main)
+    selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
+    span = batches_per_step(cfg.accumulation_steps, world.size)
+    dvc_gone = tracking.dvc_parent_gone()
+    window_tokens, window_start = 0, time.perf_counter()
+    with progress_bar(show=world.is_main) as bar:
+        say = bar.console.print if world.is_main else (lambda *a, **k: None)
+        task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
+        while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
+            pairs = corpus.epoch(st.epoch)
+            src_lens, tgt_lens = pairs.lengths()
+            # what each sentence puts in tgt_out (clipped, + EOS): the loss normaliser of a step
+            target_tokens = np.minimum(tgt_lens, max_positions - 1) + 1
+            epoch_batches = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + st.epoch,
+                                          length_multiple=cfg.length_multiple)
+            usable = min(len(epoch_batches),
+                         steps_in_epoch(len(epoch_batches), cfg.accumulation_steps,
+                                        world.size) * span)
+            bar.update(
+                task,
+                total=usable,
+                completed=st.batch_in_epoch,
+                epoch=f"{st.epoch + 1}/{cfg.epochs}",
+            )
+            step_start = time.perf_counter()
+            # The budget is checked before a step, so a resumed run never takes one too many.
+            while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
+                if dvc_gone():  # `kill <dvc pid>`: stop as the signal would have (checkpoint kept)
+                    with saved_if_stopped(trainer, say):
+                        cli.stop_as_if(signal.SIGTERM,
+                                          "the dvc process running this stage ended")
+                # A stop waits until the step, its logs and a periodic save are done, then
+                # saves last.pt there (one_step)
+                with one_step(trainer, say):
+                    group = epoch_batches[st.batch_in_epoch : st.batch_in_epoch + span]
+                    batches = [
+                        make_batch([pairs.source(i) for i in idx],
+                                   [pairs.target(i) for i in idx], max_positions,
+                                   cfg.length_multiple)
+                        for idx in rank_share(group, world.rank, world.size)
+                    ]
+                    n_target = int(sum(target_tokens[idx].sum() for idx in group))
+                    loss, tokens = trainer.step(batches, n_target)
+                    st.batch_in_epoch += len(group)
+                    st.step += 1
+                    st.last_loss = loss
+                    st.tokens_seen += tokens
+                    window_tokens += tokens
+                    now = time.perf_counter()
+                    st.train_seconds += now - step_start
+                    step_start = now
+                    lr = trainer.scheduler.get_last_lr()[0]
+                    if not math.isfinite(loss):
+                        raise PipelineError(
+                            f"training diverged at step {st.step} (loss {loss}); "
+                            "lower train.lr or raise train.warmup_steps"
+                        )
+                    if st.step % cfg.log_every_steps == 0:
+                        tps = window_tokens / max(now - window_start, 1e-9)
+                        window_tokens, window_start = 0, now
+                        st.curve.append({"step": st.step, "loss": round(loss, 4), "lr": lr,
+                                         "tokens_per_s": round(tps, 1)})
+                        run.log_metrics(
+                            {"train_loss": loss, "lr": lr, "tokens_per_s": tps}, step=st.step
+                        )
+                        bar.update(task, tps=tps)
+                    bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
+                    if st.step % checkpoint_every_steps == 0:
+                        trainer.save_last()
+                        failpoints.hit("after_periodic_save")
+            failpoints.hit("before_validation")
+            # Rank 0 scores the valid split; the others wait for its numbers. A stop here saves
+            # the epoch's steps (validation changes no state), as one between steps does.
+            with saved_if_stopped(trainer, say):
+                valid = world.from_main(score_valid(model, trainer.device) if world.is_main
+                                        else None)
+            criterion = valid.pop("criterion")
+            st.valid_curve.append(
+                {"epoch": st.epoch + 1, "step": st.step}
+                | {k: round(v, 4) for k, v in valid.items()}
+            )
+            run.log_metrics(valid | {"epoch": st.epoch + 1}, step=st.step)
+            improved = selection.record(model, st.epoch, criterion)
+            bleu_text = f", valid BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else ""
+            say(
+                f"epoch {st.epoch + 1}: step {st.step}, train loss {st.last_loss:.3f}, "
+                f"valid loss {valid['valid_loss']:.3f}{bleu_text}{' *' if improved else ''}, "
+                f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s"
+            )
+            st.epoch += 1
+            st.batch_in_epoch = 0
+            trainer.save_last()
+            failpoints.hit("after_epoch_save")
+            selection.prune()
+            reason = stop_reason(cfg, st, selection)
+            if reason and st.epoch < cfg.epochs:
+                say(f"stop: {reason}")
+    return selection
+
+
+def save_at_stop(trainer: Trainer, say) -> None:
+    """Save last.pt for a stop between steps, where the state is complete: the same state a
+    periodic save there holds, so the resumed run is still bit for bit the uninterrupted one.
+    One process only: under DDP ranks may stop at different steps and saving gathers from all
+    of them, so they resume from the last periodic save."""
+    if trainer.world.distributed:
+        return
+    with cli.stops_deferred("last.pt is saved"):
+        trainer.save_last()
+    say(f"train: stopped at step {trainer.state.step}; saved {trainer.store.last}, "
+        "run again to resume from there")
+
+
+@contextmanager
+def saved_if_stopped(trainer: Trainer, say):
+    """For work that leaves the training state as it found it (validation, a check between
+    steps): a stop inside the block saves last.pt first."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        save_at_stop(trainer, say)
+        raise
+
+
+@contextmanager
+def one_step(trainer: Trainer, say):
+    """Around one training step and its bookkeeping: a Ctrl-C or SIGTERM waits until the block
+    is done, then saves last.pt and stops, so a stop loses no finished step (it used to lose up
+    to `--checkpoint-every-steps` of them). A second stop acts at once, mid-step, and saves
+    nothing."""
+    completed = False
+    try:
+        with cli.stops_deferred():
+            yield
+            completed = True
+    except KeyboardInterrupt:
+        if completed:
+            save_at_stop(trainer, say)
+        raise
+
+
+def stop_reason(cfg: TrainParams, st: TrainState, selection: EpochSelection) -> str:
+    """Why training should not start another epoch ("" to go on). Evaluated afresh on every
+    start, so raising a budget or the patience continues a stopped run."""
+    if selection.patience_spent():
+        return f"no valid improvement in {cfg.patience} epochs (train.patience)"
+    if out_of_budget(cfg, st):
+        return "train.max_steps or train.max_minutes reached"
+    return ""
+
+
+def out_of_budget(cfg: TrainParams, st: TrainState) -> bool:
+    """True once `train.max_steps` steps or `train.max_minutes` of training time are spent."""
+    if cfg.max_steps and st.step >= cfg.max_steps:
+        return True
+    return bool(cfg.max_minutes) and st.train_seconds >= 60 * cfg.max_minutes
