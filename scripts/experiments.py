@@ -36,7 +36,7 @@ from src.core.reports import LENGTH_BUCKETS  # noqa: E402
 # side or on a busy machine still compare equal work. Epochs are ranked by valid loss and the
 # test split is decoded greedily: the cheapest fair comparison.
 # Every training row before full-e64-avg10 averaged the 5 best epochs (the default until then).
-AVERAGE5 = {"train.average_last": "5"}
+AVERAGE5 = {"train.average_best": "5"}
 # Rows run before bidirectional training and concatenation became the default keep both off, so
 # each re-runs what its recorded numbers came from (a row that sets either puts its value after).
 EARLIER = {"train.bidirectional_epochs": "0", "train.concat_ratio": "0.0", **AVERAGE5}
@@ -83,7 +83,7 @@ ROWS: dict[str, tuple[str, dict[str, str], str]] = {
                                  {"train.epochs": "60", **AVERAGE5}, "evaluate"),
     "full-e64-avg10": ("the default with 64 epochs instead of 60 and model.pt averaging the 10 "
                        "best epochs instead of 5",
-                       {"train.epochs": "64", "train.average_last": "10"}, "evaluate"),
+                       {"train.epochs": "64", "train.average_best": "10"}, "evaluate"),
     "full-epochs31": ("an earlier default: the same recipe, 31 epochs",
                       {"train.epochs": "31", **AVERAGE5}, "evaluate"),
     "full-no-concat": ("an earlier recipe, without concatenation: 44 epochs, the first 9 "

@@ -9,7 +9,7 @@ stopping, best.pt and which epochs are averaged. Every `checkpoint_every_steps` 
 end `models/checkpoints/last.pt` (weights, optimizer, scheduler, step, RNG) is written
 atomically, and a Ctrl-C or SIGTERM writes it at the step it stops after, so a stopped or
 killed run resumes where it stopped when started again with the same params and data. The
-final `models/model.pt` averages the `train.average_last` best epoch checkpoints (by the
+final `models/model.pt` averages the `train.average_best` best epoch checkpoints (by the
 selection score), so no test sentence ever picks a checkpoint. Its valid BLEU, the
 training minutes and tokens/s are the DVC metrics (models/train_metrics.json); the rest of the
 summary goes to models/train_stats.json, and MLflow gets both plus CPU/memory system metrics.

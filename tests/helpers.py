@@ -106,12 +106,13 @@ def train_cfg(**overrides):
         max_minutes=0,
         select_by="loss",
         patience=0,
-        average_last=1,
+        average_best=1,
         threads=0,
         log_every_steps=1,
         nproc_per_node=1,
         precision="fp32",
         length_multiple=1,
+        valid_max_length_ratio=2.0,
     )
     return TrainParams(**{**base, **overrides})
 

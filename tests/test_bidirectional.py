@@ -15,7 +15,7 @@ def test_bidirectional_epochs_are_twice_as_long_and_the_cosine_horizon_counts_th
     root = tokenize_toy(tmp_path, **{**TINY_PARAMS, "train": {
         "epochs": 3, "max_steps": 0, "max_tokens": 400, "warmup_steps": 0, "lr": LR,
         "schedule": "cosine", "concat_ratio": 0.0, "subword_alpha": 0.0, "patience": 0,
-        "bidirectional_epochs": 1, "log_every_steps": 1, "threads": 1, "average_last": 1}})
+        "bidirectional_epochs": 1, "log_every_steps": 1, "threads": 1, "average_best": 1}})
     result = run_stage(root, "train")
     assert result.returncode == 0, result.stderr
     with (root / "models/valid_curve.csv").open() as fh:

@@ -34,7 +34,7 @@ TINY = {
         "warmup_steps": 5,
         "log_every_steps": 1,
         "threads": 1,
-        "average_last": 1,
+        "average_best": 1,
         "select_by": "loss",
         "nproc_per_node": 2,
         "concat_ratio": 0.0,  # the batch count above is the plain corpus's

@@ -107,3 +107,17 @@ def test_a_typo_in_a_later_section_fails_the_first_stage(tmp_path):
     raw["export"]["opset"] = "eighteen"
     with pytest.raises(PipelineError, match=r"export\.opset"):
         load_params(SECTIONS["download"], path=write(tmp_path, raw))
+
+
+def test_the_old_name_average_last_is_read_as_average_best_with_a_note(tmp_path, capsys):
+    """Renamed because it averages the best epochs, not the last; old params.yaml files and
+    `dvc exp run -S train.average_last=N` still work."""
+    raw = committed()
+    raw["train"]["average_last"] = raw["train"].pop("average_best") - 3
+    cfg = load_params(TrainParams, path=write(tmp_path, raw))
+    assert cfg.average_best == committed()["train"]["average_best"] - 3
+    assert "train.average_last is now train.average_best" in capsys.readouterr().err
+    # both names, different values: which one was meant is unknown
+    raw["train"]["average_best"] = raw["train"]["average_last"] + 1
+    with pytest.raises(PipelineError, match="average_last is the old name"):
+        load_params(TrainParams, path=write(tmp_path, raw))

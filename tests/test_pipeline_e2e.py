@@ -31,7 +31,7 @@ TINY = {
         "max_tokens": 1000,
         "warmup_steps": 10,
         "log_every_steps": 5,
-        "average_last": 2,
+        "average_best": 2,
         "threads": 1,
     },
     "evaluate": {"beam_size": 2, "num_samples": 5},
@@ -118,7 +118,7 @@ def test_every_stage_wrote_its_outputs(project):
     assert (project / "models/model.pt").exists()
     assert (project / "models/checkpoints/last.pt").exists()
     train = json.loads((project / "models/train_stats.json").read_text())
-    assert train["epochs"] == 2 and train["averaged_epochs"] == 2  # average_last: 2
+    assert train["epochs"] == 2 and train["averaged_epochs"] == 2  # average_best: 2
     assert (project / "models/train_curve.csv").read_text().startswith("step,loss,lr")
     valid = list(csv.DictReader((project / "models/valid_curve.csv").open()))
     assert [int(r["epoch"]) for r in valid] == [1, 2] and "valid_bleu" in valid[0]

@@ -54,10 +54,16 @@ def test_opens_with_the_main_command_and_the_test_command():
     assert second.strip() in ci_lines
 
 
+# The user guide's pages beyond the README (moved out of it to keep it short)
+GUIDE = README + "".join((REPO / "docs" / page).read_text(encoding="utf-8")
+                         for page in ("serving.md", "scaling.md", "experiments.md"))
+
+
 def commands_shown() -> list[list[str]]:
-    """Every module or script the README tells a user to run, in code blocks or inline."""
-    found = set(re.findall(r"python -m (src\.\w+)", README))
-    found |= {f"scripts/{name}" for name in re.findall(r"python scripts/(\w+\.py)", README)}
+    """Every module or script the README and its guide pages tell a user to run, in code
+    blocks or inline."""
+    found = set(re.findall(r"python -m (src\.\w+)", GUIDE))
+    found |= {f"scripts/{name}" for name in re.findall(r"python scripts/(\w+\.py)", GUIDE)}
     return [["-m", c] if c.startswith("src.") else [c] for c in sorted(found)]
 
 

@@ -35,7 +35,7 @@ TINY = {
         "warmup_steps": 5,
         "log_every_steps": 5,
         "threads": 1,
-        "average_last": 2,
+        "average_best": 2,
         "select_by": "bleu",
         # Resume mechanics under the schedule in which train.epochs is a free key, on the
         # plain corpus; the committed recipe's own schedule and augmentation may differ.

@@ -258,12 +258,12 @@ def test_budget_in_steps_or_training_minutes():
 
 
 def test_epochs_are_kept_and_ranked_by_criterion(tmp_path):
-    """Only the `average_last` lowest-criterion epochs stay on disk; best.pt follows the best."""
+    """Only the `average_best` lowest-criterion epochs stay on disk; best.pt follows the best."""
     config = ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
                          max_positions=16)
     model = Transformer(config)
     state = TrainState()
-    selection = EpochSelection(tmp_path, state, average_last=2, patience=2)
+    selection = EpochSelection(tmp_path, state, average_best=2, patience=2)
     # criterion is minus valid BLEU: epoch 1 (BLEU 20) is best, then epoch 3 (BLEU 15)
     improved = []
     for epoch, criterion in enumerate([-20.0, -10.0, -15.0]):
@@ -299,7 +299,7 @@ def test_a_params_change_moves_checkpoints_aside_instead_of_deleting(tmp_path, c
 
     # knobs that do not shape the trajectory: the same checkpoint resumes
     free = train_cfg(threads=1, log_every_steps=99, max_minutes=5, patience=9, epochs=40,
-                     max_steps=1000, average_last=7)
+                     max_steps=1000, average_best=7)
     ckpt = ResumeStore(ckpts, trajectory_params(model_params, free, "fp32"), "data-v1").load()
     assert ckpt is not None and ckpt["state"]["step"] == 7
 
@@ -434,3 +434,26 @@ def test_rdrop_runs_the_batch_twice_with_its_own_dropout_masks():
             torch.manual_seed(1)
             no_kl = token_loss(model, batch, 0.1, rdrop_alpha=1e-9)[0]
             assert rdrop.item() > no_kl.item() + 1e-3
+
+
+def test_valid_bleu_uses_the_length_ratio_of_params(monkeypatch):
+    """train.valid_max_length_ratio reaches the valid search (it was a constant 2.0)."""
+    from src.training import validation
+
+    seen = []
+
+    def fake_translate(model, sources, beam, length_penalty, ratio, batch_size):
+        seen.append(ratio)
+        return [[5] for _ in sources]
+
+    class Tokenizers:
+        def decode_target(self, rows):
+            return ["x" for _ in rows]
+
+    monkeypatch.setattr(validation, "translate_ids", fake_translate)
+    model = torch.nn.Linear(1, 1)
+    validation.validation_bleu(model, [[4, 3]], [[5, 3]], Tokenizers(), "zh", 0.7)
+    scorer = validation.ValidScorer(([[4, 3]], [[5, 3]]), 100, "bleu", Tokenizers(), "zh", 1.3)
+    monkeypatch.setattr(validation, "validation_loss", lambda *a: 1.0)
+    scorer(model, "cpu")
+    assert seen == [0.7, 1.3]

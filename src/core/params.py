@@ -13,6 +13,7 @@ checked here rather than deep inside a stage.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
@@ -28,6 +29,14 @@ from pydantic import (
 
 from src.core import paths
 from src.core.errors import PipelineError
+
+_noted: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    if message not in _noted:
+        _noted.add(message)
+        print(f"note: {message}", file=sys.stderr)
 
 
 class Section(BaseModel):
@@ -145,7 +154,7 @@ class TrainParams(Section):
     # (what users care about; the lowest-loss epoch is often not the best-BLEU one) or its loss.
     select_by: Literal["bleu", "loss"]
     patience: int = Field(ge=0)  # epochs without valid improvement before stopping; 0: never
-    average_last: int = Field(ge=1)  # average the N best epoch checkpoints into model.pt
+    average_best: int = Field(ge=1)  # model.pt averages the N best epoch checkpoints
     threads: int = Field(ge=0)  # torch intra-op threads per process; 0: all cores / ranks
     log_every_steps: int = Field(gt=0)
     # > 1: train starts itself under torchrun with this many data-parallel ranks (DDP) here
@@ -156,6 +165,24 @@ class TrainParams(Section):
     # batch widths (source, target) padded up to a multiple of this, so a run meets a few
     # dozen distinct batch shapes instead of hundreds; 1: pad to the longest sentence only
     length_multiple: int = Field(ge=1, le=64)
+    # greedy valid BLEU lets an output reach ratio x source tokens + 10 (evaluate's rule)
+    valid_max_length_ratio: float = Field(gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data):
+        """`average_last` was the old name of `average_best` (it always averaged the best
+        epochs): still read, with one line saying so."""
+        if isinstance(data, dict) and "average_last" in data:
+            data = dict(data)
+            old = data.pop("average_last")
+            if "average_best" in data and data["average_best"] != old:
+                raise ValueError("train.average_last is the old name of train.average_best and "
+                                 "both are set to different values: keep average_best only")
+            data.setdefault("average_best", old)
+            _note_once("params.yaml: train.average_last is now train.average_best (it averages "
+                       "the best epochs, not the last); rename it")
+        return data
 
 
 class EvaluateParams(Section):

@@ -17,8 +17,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from src.core.errors import PipelineError
+from src.core.special_ids import BOS, EOS, PAD, UNK  # noqa: F401 (re-exported)
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
 META = "tokenizer.json"
 # Written by tokenize into the encoded data: the digest of the tokenizer that made the ids.
 ENCODED_WITH = "tokenizer.sha256"

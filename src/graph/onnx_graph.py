@@ -46,13 +46,12 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
-from src.data.subword import BOS, EOS, PAD, UNK
+from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.graph import onnx_attention
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
 from src.runtime.generation import SEARCH_INPUTS
 
-BANNED = (PAD, BOS, UNK)
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
 

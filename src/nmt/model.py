@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.data.subword import PAD
+from src.core.special_ids import PAD
 from src.nmt.dropout import Dropout, dropout
 
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)

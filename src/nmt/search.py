@@ -11,12 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.data.batching import clip_source, pad
-from src.data.subword import BOS, EOS, PAD, UNK
 from src.nmt.model import Transformer
 from src.runtime.generation import max_new_tokens
-
-BANNED = (PAD, BOS, UNK)
 
 
 def max_output_length(src: Tensor, ratio: float, model: Transformer) -> int:
@@ -129,6 +127,18 @@ def beam_search(
     return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
 
 
+def length_sorted_batches(sources: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Index lists of similar-length sources (little padding): how evaluate, validation and
+    export's parity check batch the PyTorch search."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def source_batch(sources: list[list[int]], idx: list[int], max_positions: int) -> Tensor:
+    """The rows `idx` of `sources`, clipped to the model's positions and right-padded: (B, S)."""
+    return pad([clip_source(sources[i], max_positions) for i in idx])
+
+
 def translate_ids(
     model: Transformer,
     sources: list[list[int]],
@@ -142,13 +152,11 @@ def translate_ids(
 
     `progress` is an optional rich Progress to advance. beam 1 is greedy.
     """
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # little padding
     device = next(model.parameters()).device
     out: list[list[int]] = [[] for _ in sources]
     task = progress.add_task("translate", total=len(sources)) if progress else None
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        src = pad([clip_source(sources[i], model.max_positions) for i in idx]).to(device)
+    for idx in length_sorted_batches(sources, batch_size):
+        src = source_batch(sources, idx, model.max_positions).to(device)
         max_len = max_output_length(src, max_length_ratio, model)
         for i, hyp in zip(idx, beam_search(model, src, beam, max_len, length_penalty)):
             out[i] = hyp

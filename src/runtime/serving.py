@@ -34,6 +34,7 @@ EXAMPLE = ["How are you?"]
 # src/: MLflow copies them into the model, which then loads with its requirements alone (no
 # typer, torch or dvc). tests/test_serving.py checks the list against the imports.
 MODEL_CODE = ("__init__.py", "core/__init__.py", "core/errors.py", "core/paths.py",
+              "core/special_ids.py",
               "data/__init__.py", "data/subword.py", "runtime/__init__.py",
               "runtime/generation.py", "runtime/mlflow_model.py", "runtime/serving.py")
 

@@ -110,7 +110,8 @@ def train(
     store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg, precision.name), digest)
     trainer = Trainer(model, cfg, device, total_steps, store, threads, world, precision)
     trainer.try_resume()
-    score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang)
+    score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang,
+                              cfg.valid_max_length_ratio)
     n_params = count_parameters(model)
     global_batch = cfg.max_tokens * batches_per_step(cfg.accumulation_steps, world.size)
     if world.is_main:
@@ -145,7 +146,7 @@ def train(
         final_valid = score_valid(model, device)  # of the averaged model
         if "valid_bleu" not in final_valid:  # select_by loss: BLEU is still the headline
             final_valid["valid_bleu"] = validation_bleu(model, *valid_data, tokenizers,
-                                                        target_lang)
+                                                        target_lang, cfg.valid_max_length_ratio)
         checkpoint.save(checkpoint.model_state(model, averaged_epochs=epochs), model_out)
         write_curve(metrics.with_name(paths.TRAIN_CURVE.name), st.curve)
         write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)

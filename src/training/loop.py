@@ -53,7 +53,7 @@ def run_training(
 ) -> EpochSelection:
     cfg, model, world = trainer.cfg, trainer.model, trainer.world
     st = trainer.state
-    selection = EpochSelection(trainer.store.dir, st, cfg.average_last, cfg.patience,
+    selection = EpochSelection(trainer.store.dir, st, cfg.average_best, cfg.patience,
                                write=world.is_main)
     selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
     span = batches_per_step(cfg.accumulation_steps, world.size)

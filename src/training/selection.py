@@ -1,6 +1,6 @@
 """Epoch selection: which epoch checkpoints to keep, best.pt, early stopping and averaging.
 
-Epochs are ranked by the validation criterion (lower is better). Only the `train.average_last`
+Epochs are ranked by the validation criterion (lower is better). Only the `train.average_best`
 best epoch files stay on disk, and `model.pt` averages them, so no test sentence ever picks a
 checkpoint. Order matters for a kill at any point: a new epoch file is written first, the new
 ranking is saved in `last.pt` by the caller, and only then are dropped epochs deleted (`prune`).
@@ -18,10 +18,10 @@ from src.training.resume import TrainState
 
 
 class EpochSelection:
-    def __init__(self, ckpt_dir: Path, state: TrainState, average_last: int, patience: int,
+    def __init__(self, ckpt_dir: Path, state: TrainState, average_best: int, patience: int,
                  write: bool = True):
         self.dir, self.state = Path(ckpt_dir), state
-        self.average_last, self.patience, self.write = average_last, patience, write
+        self.average_best, self.patience, self.write = average_best, patience, write
 
     def epoch_file(self, epoch: int) -> Path:
         return self.dir / f"epoch{epoch + 1}.pt"
@@ -36,7 +36,7 @@ class EpochSelection:
                 checkpoint.save(checkpoint.model_state(model), self.dir / "best.pt")
         failpoints.hit("after_epoch_checkpoint")
         st.epoch_criteria[epoch] = criterion
-        ranked = sorted(st.epoch_criteria, key=st.epoch_criteria.get)[: self.average_last]
+        ranked = sorted(st.epoch_criteria, key=st.epoch_criteria.get)[: self.average_best]
         st.epoch_criteria = {e: st.epoch_criteria[e] for e in ranked}
         st.best_criterion = min(st.best_criterion, criterion)
         st.bad_epochs = 0 if improved else st.bad_epochs + 1

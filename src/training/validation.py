@@ -15,7 +15,6 @@ from src.nmt.model import Transformer
 from src.nmt.search import translate_ids
 from src.training.loss import label_smoothed_cross_entropy, rdrop_loss
 
-VALID_MAX_LENGTH_RATIO = 2.0  # as evaluate's default; train must not read evaluate's params
 VALID_BATCH_SIZE = 64
 
 
@@ -61,11 +60,13 @@ def validation_loss(model: Transformer, sources, targets, max_tokens: int, devic
 
 @torch.no_grad()
 def validation_bleu(
-    model: Transformer, sources, targets, tokenizers: Tokenizers, target_lang: str
+    model: Transformer, sources, targets, tokenizers: Tokenizers, target_lang: str,
+    max_length_ratio: float,
 ) -> float:
-    """Greedy corpus BLEU on the valid split (references decoded from their ids)."""
+    """Greedy corpus BLEU on the valid split (references decoded from their ids); outputs may
+    reach `max_length_ratio` x source tokens + 10 (`train.valid_max_length_ratio`)."""
     model.eval()
-    hyps = translate_ids(model, sources, 1, 1.0, VALID_MAX_LENGTH_RATIO, VALID_BATCH_SIZE)
+    hyps = translate_ids(model, sources, 1, 1.0, max_length_ratio, VALID_BATCH_SIZE)
     model.train()
     refs = tokenizers.decode_target([list(t) for t in targets])
     return corpus_bleu(tokenizers.decode_target(hyps), refs, target_lang)
@@ -83,6 +84,7 @@ class ValidScorer:
     select_by: str
     tokenizers: Tokenizers | None = None
     target_lang: str = ""
+    max_length_ratio: float = 2.0
 
     def __call__(self, model: Transformer, device) -> dict:
         row = {"valid_loss": validation_loss(model, *self.data, self.max_tokens, device)}
@@ -90,7 +92,7 @@ class ValidScorer:
         failpoints.hit("during_validation")
         if self.select_by == "bleu":
             row["valid_bleu"] = validation_bleu(model, *self.data, self.tokenizers,
-                                                self.target_lang)
+                                                self.target_lang, self.max_length_ratio)
             row["criterion"] = -row["valid_bleu"]
         else:
             row["criterion"] = row["valid_loss"]
