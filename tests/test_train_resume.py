@@ -240,7 +240,7 @@ def test_a_stopped_run_ends_killed_in_mlflow_and_says_why(tokenized_root, tmp_pa
 def test_training_stops_when_the_dvc_process_running_it_is_killed(tokenized_root, tmp_path):
     """DVC does not pass SIGTERM on to its stage: `kill <dvc pid>` left training running,
     unrecorded, beside the next `dvc repro`. A stand-in `dvc` (a script of that name, as
-    tracking.dvc_process recognises it) starts train and is killed; train stops at its next
+    dvc_run.dvc_process recognises it) starts train and is killed; train stops at its next
     step with the stop's exit code and keeps its checkpoint for the resume."""
     root = fresh_copy(tokenized_root, tmp_path / "r")
     set_train_params(root, epochs=300)

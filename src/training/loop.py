@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from src.core import cli, failpoints, tracking
+from src.core import cli, dvc_run, failpoints
 from src.core.errors import PipelineError
 from src.core.params import TrainParams
 from src.data.augment import TrainingCorpus
@@ -57,7 +57,7 @@ def run_training(
                                write=world.is_main)
     selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
     span = batches_per_step(cfg.accumulation_steps, world.size)
-    dvc_gone = tracking.dvc_parent_gone()
+    dvc_gone = dvc_run.dvc_parent_gone()
     window_tokens, window_start = 0, time.perf_counter()
     with progress_bar(show=world.is_main) as bar:
         say = bar.console.print if world.is_main else (lambda *a, **k: None)
