@@ -99,3 +99,15 @@ def test_the_served_model_imports_only_what_it_declares():
     missing = {name for name in imported
                if not ALTERNATIVES.get(name, {DISTRIBUTION.get(name, name)}) & declared_names}
     assert not missing, f"the model's code imports undeclared {missing}"
+
+
+def test_the_project_root_is_the_checkout_when_nmt_root_is_unset():
+    """paths.ROOT comes from the file's place: moving paths.py into src/core/ must not make
+    every stage look for params.yaml inside src/."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "NMT_ROOT"}
+    out = subprocess.run([sys.executable, "-c", "from src.core import paths; print(paths.ROOT)"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == str(REPO), out.stderr

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 # NMT_ROOT lets tests run the stages against a temporary copy of the repo.
-ROOT = Path(os.environ.get("NMT_ROOT", Path(__file__).resolve().parent.parent))
+ROOT = Path(os.environ.get("NMT_ROOT", Path(__file__).resolve().parents[2]))
 PARAMS = ROOT / "params.yaml"
 DATA = ROOT / "data"
 MODELS = ROOT / "models"
