@@ -13,112 +13,25 @@ data/split_stats.json (and MLflow); rows a predefined test set loses are counted
 
 from __future__ import annotations
 
-import random
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 
 from src.core import paths, tracking
-from src.core.atomic import atomic_dir, write_json
+from src.core.atomic import write_json
 from src.core.cli import run_cli
 from src.core.errors import PipelineError, require_file
 from src.core.params import PairParams, SplitParams, load_params
 from src.core.text import read_lines
+from src.data.splitting import (
+    read_pairs,
+    split_grouped,
+    write_parts,
+)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
-
-Pair = tuple[str, str]
-
-
-@dataclass
-class Cleaned:
-    pairs: list[Pair] = field(default_factory=list)
-    dropped: Counter = field(default_factory=Counter)
-
-
-def clean_text(text: str) -> str:
-    return " ".join(text.replace("\ufeff", "").split())
-
-
-def read_pairs(lines, pair: PairParams, max_chars: int, dedupe: bool = True) -> Cleaned:
-    """Parse TSV lines (already split at "\n", see src.text) into (source, target) pairs;
-    count why others were dropped."""
-    out = Cleaned()
-    seen: set[Pair] = set()
-    need = max(pair.source_column, pair.target_column) + 1
-    for line in lines:
-        if not line.strip():
-            out.dropped["empty"] += 1
-            continue
-        cols = line.split("\t")
-        if len(cols) < need:
-            out.dropped["malformed"] += 1
-            continue
-        src, tgt = clean_text(cols[pair.source_column]), clean_text(cols[pair.target_column])
-        if not src or not tgt:
-            out.dropped["empty"] += 1
-        elif len(src) > max_chars or len(tgt) > max_chars:
-            out.dropped["too_long"] += 1
-        elif dedupe and (src, tgt) in seen:
-            out.dropped["duplicate"] += 1
-        else:
-            seen.add((src, tgt))
-            out.pairs.append((src, tgt))
-    return out
-
-
-def group_count(size: float, n_groups: int) -> int:
-    """`split.valid_size`/`test_size`: a fraction of the groups if < 1, else a count."""
-    return int(round(size * n_groups)) if size < 1 else int(size)
-
-
-def split_grouped(
-    pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = None
-) -> dict[str, list[Pair]]:
-    """Assign whole source-sentence groups to valid, test and train (in that order).
-
-    With a predefined `test`, only valid and train are carved out, and corpus pairs whose
-    source sentence is a test source are left out (counted by the caller).
-    """
-    if test:
-        test_sources = {src for src, _ in test}
-        pairs = [(s, t) for s, t in pairs if s not in test_sources]
-    sources = sorted({src for src, _ in pairs})
-    random.Random(cfg.seed).shuffle(sources)
-    n_valid = group_count(cfg.valid_size, len(sources))
-    n_test = 0 if test else group_count(cfg.test_size, len(sources))
-    if n_valid + n_test >= len(sources):
-        raise PipelineError(
-            f"split: valid ({n_valid}) + test ({n_test}) source sentences leave none of "
-            f"{len(sources)} for training; lower split.valid_size/test_size"
-        )
-    part_of = {s: "valid" for s in sources[:n_valid]}
-    part_of.update({s: "test" for s in sources[n_valid : n_valid + n_test]})
-    parts: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
-    for src, tgt in pairs:
-        parts[part_of.get(src, "train")].append((src, tgt))
-    if test:
-        parts["test"] = list(test)
-    return parts
-
-
-def write_parts(parts: dict[str, list[Pair]], out_dir: Path) -> None:
-    from datasets import Dataset, DatasetDict, disable_progress_bars
-
-    disable_progress_bars()
-    dataset = DatasetDict(
-        {
-            name: Dataset.from_dict(
-                {"source": [s for s, _ in rows], "target": [t for _, t in rows]}
-            )
-            for name, rows in parts.items()
-        }
-    )
-    with atomic_dir(out_dir) as tmp:
-        dataset.save_to_disk(str(tmp))
 
 
 @app.command()

@@ -364,7 +364,7 @@ def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
     from src.core.errors import PipelineError
     from src.core.params import ExportParams, load_params
     from src.data.subword import load_tokenizers
-    from src.export import write_verified
+    from src.graph.verify import write_verified
 
     models = project / "models"
     old = {name: (models / name).read_bytes() for name in (
@@ -466,8 +466,8 @@ def test_text_parity_fails_when_the_text_model_decodes_differently(project, tmp_
     """A text model wrapped with another target SentencePiece model must be refused."""
     from src.core.errors import PipelineError
     from src.core.params import ExportParams, load_params
-    from src.export import text_parity
     from src.graph.text_graph import wrap_file
+    from src.graph.verify import text_parity
 
     models = project / "models"
     other = tmp_path / "tokenizer"

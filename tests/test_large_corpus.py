@@ -41,15 +41,15 @@ def test_load_encoded_gives_the_ids_tokenize_wrote(toy_root):
 def test_encoding_in_worker_processes_equals_encoding_in_one(toy_root, tmp_path, monkeypatch):
     from datasets import load_from_disk
 
-    from src import tokenize_corpus
+    from src.data import encoding
 
     split = load_from_disk(str(toy_root / "data/split"))["train"]
     tokenizer = toy_root / "models/tokenizer"
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    serial = tokenize_corpus.encode_split(split, "train", tokenizer, tmp_path / "one", 1)
-    monkeypatch.setattr(tokenize_corpus, "PARALLEL_FROM", 0)
-    parallel = tokenize_corpus.encode_split(split, "train", tokenizer, tmp_path / "two", 2)
+    serial = encoding.encode_split(split, "train", tokenizer, tmp_path / "one", 1)
+    monkeypatch.setattr(encoding, "PARALLEL_FROM", 0)
+    parallel = encoding.encode_split(split, "train", tokenizer, tmp_path / "two", 2)
     assert len(list((tmp_path / "two").glob("*.arrow"))) == 2  # really two workers
     assert parallel.to_dict() == serial.to_dict()
 

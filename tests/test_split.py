@@ -6,7 +6,7 @@ import pytest
 
 from src.core.errors import PipelineError
 from src.core.params import PairParams, SplitParams
-from src.split import read_pairs, split_grouped
+from src.data.splitting import read_pairs, split_grouped
 
 PAIR = PairParams(source_lang="en", target_lang="zh", source_column=0, target_column=1)
 

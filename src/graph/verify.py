@@ -1,0 +1,168 @@
+"""Whether an exported file can be trusted, before it is moved into place: `onnx.checker`,
+ONNX Runtime against PyTorch's search (greedy token for token, beam in at least
+`export.min_beam_parity` of the rows), its BLEU and speed on the test split in the batches
+`src.infer` makes, and its text twin translating exactly as the file with the tokenizer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import onnx
+
+from src.core import paths
+from src.core.atomic import atomic_path
+from src.core.errors import PipelineError
+from src.core.params import ExportParams
+from src.core.scoring import bleu
+from src.data.subword import Tokenizers
+from src.graph import text_graph
+from src.nmt.search import (
+    beam_search,
+    greedy_search,
+    length_sorted_batches,
+    max_output_length,
+    source_batch,
+)
+from src.runtime import generation
+
+SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
+
+
+def open_session(path: Path):
+    """On the CPU, whatever the machine has: the parity check compares with PyTorch on CPU."""
+    return generation.open_session(path, "cpu", os.cpu_count() or 1)
+
+
+def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
+    """Rows where ONNX Runtime and PyTorch produce the same tokens, greedy and beam."""
+    same = {"greedy": 0, "beam": 0}
+    mismatches: dict[str, list[str]] = {"greedy": [], "beam": []}
+    for idx in length_sorted_batches(sources, cfg.batch_size):
+        src = source_batch(sources, idx, model.max_positions)
+        max_len = max_output_length(src, cfg.max_length_ratio, model)
+        runs = {
+            "greedy": (greedy_search(model, src, max_len), 1),
+            "beam": (beam_search(model, src, cfg.beam_size, max_len, cfg.length_penalty),
+                     cfg.beam_size),
+        }
+        for mode, (expected, beam) in runs.items():
+            got = generation.run_search(session, src.numpy(), max_len, beam, cfg.length_penalty)
+            for i, want, have in zip(idx, expected, got):
+                same[mode] += want == have
+                if want != have and len(mismatches[mode]) < SHOWN_MISMATCHES:
+                    mismatches[mode].append(f"test row {i}: torch {want} vs onnx {have}")
+    n = len(sources)
+    return {"parity_sentences": n, "greedy_parity": round(same["greedy"] / n, 4),
+            "beam_parity": round(same["beam"] / n, 4), "beam_size": cfg.beam_size,
+            "mismatches": mismatches}
+
+
+def translate(session, sources: list[list[int]], texts: list[str], model, cfg: ExportParams):
+    """Beam-search every source through the ONNX file in the batches `src.infer --input`
+    makes of the same text (`generation.length_batches`: an int8 model's output depends on its
+    batch), so the BLEU reported is the one a user gets; returns (ids in order, seconds)."""
+    out: list[list[int]] = [[] for _ in sources]
+    start = time.perf_counter()
+    for idx in generation.length_batches(texts, cfg.batch_size):
+        src = source_batch(sources, idx, model.max_positions)
+        max_len = max_output_length(src, cfg.max_length_ratio, model)
+        for i, hyp in zip(idx, generation.run_search(session, src.numpy(), max_len,
+                                                     cfg.beam_size, cfg.length_penalty)):
+            out[i] = hyp
+    return out, time.perf_counter() - start
+
+
+def score_file(path: Path, model, tok: Tokenizers, part, cfg: ExportParams) -> dict:
+    """BLEU, speed and size of one ONNX file on the whole test split."""
+    session = open_session(path)
+    ids, seconds = translate(session, list(part["source_ids"]), list(part["source"]), model,
+                             cfg)
+    hypotheses = tok.decode_target(ids)
+    return {"bleu": bleu(hypotheses, list(part["target"]), tok.target_lang),
+            "sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
+            "size_mb": round(path.stat().st_size / 1e6, 2),
+            "provider": session.get_providers()[0], "ids": ids}
+
+
+def check_graph(path: Path) -> None:
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        raise PipelineError(f"{path.name} fails onnx.checker: {str(exc).splitlines()[0]}") \
+            from None
+
+
+def verify(path: Path, model, sources: list[list[int]], cfg: ExportParams) -> dict:
+    """onnx.checker + PyTorch parity; raises PipelineError when the file is not trustworthy."""
+    check_graph(path)
+    result = parity(open_session(path), model, sources, cfg)
+    mismatches = result.pop("mismatches")
+    if result["greedy_parity"] < 1.0:
+        raise PipelineError(f"greedy parity {result['greedy_parity']:.2%} < 100%: "
+                            + "; ".join(mismatches["greedy"]))
+    if result["beam_parity"] < cfg.min_beam_parity:
+        raise PipelineError(f"beam parity {result['beam_parity']:.2%} < "
+                            f"{cfg.min_beam_parity:.0%}: " + "; ".join(mismatches["beam"]))
+    return result
+
+
+def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
+                sentences: list[str], cfg: ExportParams) -> None:
+    """The text model must translate every sentence exactly as its generation model run
+    through the tokenizer, in the batches src.infer makes; raises PipelineError if not."""
+    threads = os.cpu_count() or 1
+    reference = generation.load_translator(generation_path, tokenizer_dir, "cpu", threads)
+    text = generation.load_translator(text_path, None, "cpu", threads)
+    encoded = [reference.encode(s, i + 1) for i, s in enumerate(sentences)]
+    mismatches = []
+    for idx in generation.length_batches(sentences, cfg.batch_size):
+        want = reference.run([encoded[i] for i in idx], cfg.beam_size, None)
+        have = text.run([sentences[i] for i in idx])
+        mismatches += [f"test row {i}: {w!r} vs text model {h!r}"
+                       for i, w, h in zip(idx, want, have) if w != h]
+    if mismatches:
+        raise PipelineError(f"{text_path.name}: {len(mismatches)} of {len(sentences)} "
+                            f"sentences differ from {generation_path.name} run through the "
+                            f"tokenizer: " + "; ".join(mismatches[:SHOWN_MISMATCHES]))
+
+
+def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
+                   cfg: ExportParams, tokenizer_dir: Path) -> dict:
+    """Both files and their text twins are written to temporary siblings, checked and scored,
+    and only then moved into place together: a failure (say, in the int8 check) leaves the old
+    files untouched, never a new model.onnx beside a stale model.int8.onnx."""
+    onnx_path, int8_path = paths_out
+    result: dict = {}
+    scores = {}
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(atomic_path(onnx_path))
+        onnx.save(fp32, tmp)
+        result.update(verify(tmp, model, list(part["source_ids"])[: cfg.parity_sentences], cfg))
+        scores["fp32"] = score_file(tmp, model, tok, part, cfg)
+        written = {"fp32": tmp}
+        if int8 is not None:
+            # entered later, so it is moved into place first, then model.onnx
+            tmp8 = written["int8"] = stack.enter_context(atomic_path(int8_path))
+            onnx.save(int8, tmp8)
+            check_graph(tmp8)
+            scores["int8"] = score_file(tmp8, model, tok, part, cfg)
+            agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
+            result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
+        sentences = list(part["source"])[: cfg.parity_sentences]
+        for name, generation_tmp in written.items():
+            final = onnx_path if name == "fp32" else int8_path
+            text_tmp = stack.enter_context(atomic_path(paths.text_twin(final)))
+            text_graph.wrap_file(generation_tmp, tokenizer_dir, text_tmp)
+            # equal on every sentence or export fails: what varies is how many were checked
+            text_parity(generation_tmp, text_tmp, tokenizer_dir, sentences, cfg)
+            result[f"{name}_text_checked"] = len(sentences)
+    if int8 is None:  # stale int8 files would not match model.onnx
+        int8_path.unlink(missing_ok=True)
+        paths.text_twin(int8_path).unlink(missing_ok=True)
+    for name, score in scores.items():
+        score.pop("ids")
+        result.update({f"{name}_{key}": value for key, value in score.items()})
+    return result
