@@ -38,6 +38,15 @@ def score(client, version, metric: str) -> float:
     return float(value)
 
 
+def should_promote(candidate: str, champion: str | None, new: float, old: float | None) -> bool:
+    """Promote when there is no champion, or the candidate is another version that scores
+    strictly higher (a tie keeps the champion: a new version must earn the move). `old` is the
+    champion's score (None only without a champion)."""
+    if champion is None:
+        return True
+    return champion != candidate and new > old
+
+
 @app.command()
 def main(
     name: str = typer.Option("nmt-en-zh", help="Registered model name."),
@@ -60,7 +69,8 @@ def main(
         return
     new = score(client, candidate, metric)
     old = score(client, champion, metric) if champion is not None else None
-    if old is not None and new <= old:
+    if not should_promote(str(candidate.version),
+                          None if champion is None else str(champion.version), new, old):
         print(f"promote: kept champion version {champion.version} ({metric} {old:.2f}); "
               f"candidate version {candidate.version} has {new:.2f}")
         return

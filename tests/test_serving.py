@@ -237,5 +237,15 @@ def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):
     kept = run_stage(env_root, "promote", tracking=True)
     assert "kept champion version 1" in kept.stdout, kept.stdout + kept.stderr
     assert str(client.get_model_version_by_alias("nmt-en-zh", "champion").version) == "1"
+    # a better one is: the champion moves from version 1 to it
+    with mlflow.start_run() as better_run:
+        mlflow.log_metric("fp32_bleu", 99.0)
+    better = client.create_model_version("nmt-en-zh", first_version.source,
+                                         run_id=better_run.info.run_id)
+    client.set_registered_model_alias("nmt-en-zh", "candidate", better.version)
+    moved = run_stage(env_root, "promote", tracking=True)
+    assert f"version {better.version} (fp32_bleu 99.00) is the champion over version 1" in \
+        moved.stdout, moved.stdout + moved.stderr
+    assert client.get_model_version_by_alias("nmt-en-zh", "champion").version == better.version
     missing = run_stage(env_root, "promote", "--name", "nmt-xx-yy", tracking=True)
     assert missing.returncode == 1 and "no version of nmt-xx-yy" in missing.stderr

@@ -1,0 +1,41 @@
+"""src.promote's rule: the champion moves only to another, strictly better version, and a version
+without the metric is refused rather than compared. The registry round trip (aliases on a real
+MLflow store) is tests/test_serving.py::test_promote_moves_champion_to_a_better_candidate_only."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from src.core.errors import PipelineError
+from src.promote import score, should_promote
+
+
+@pytest.mark.parametrize("candidate, champion, new, old, promoted", [
+    ("2", None, 10.0, None, True),      # no champion yet: any candidate
+    ("2", "1", 30.5, 30.0, True),       # better than the champion
+    ("2", "1", 30.0, 30.0, False),      # a tie keeps the champion
+    ("2", "1", 29.0, 30.0, False),      # worse
+    ("1", "1", 99.0, 30.0, False),      # the champion itself
+])
+def test_the_champion_moves_only_to_another_strictly_better_version(candidate, champion, new,
+                                                                    old, promoted):
+    assert should_promote(candidate, champion, new, old) is promoted
+
+
+def client_with(metrics: dict) -> SimpleNamespace:
+    run = SimpleNamespace(data=SimpleNamespace(metrics=metrics))
+    return SimpleNamespace(get_run=lambda run_id: run)
+
+
+def test_a_version_is_scored_by_its_run_metric():
+    version = SimpleNamespace(version="3", run_id="abc")
+    assert score(client_with({"fp32_bleu": 31.25}), version, "fp32_bleu") == 31.25
+
+
+@pytest.mark.parametrize("run_id, metrics", [("abc", {"other": 1.0}), ("", {"fp32_bleu": 5.0})])
+def test_a_version_without_the_metric_is_refused_not_compared(run_id, metrics):
+    version = SimpleNamespace(version="3", run_id=run_id)
+    with pytest.raises(PipelineError, match="version 3 has no metric 'fp32_bleu'"):
+        score(client_with(metrics), version, "fp32_bleu")
