@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,8 +87,14 @@ def test_two_ranks_match_one_process_with_accumulation(tokenized_root, two_ranks
     assert '"world_size": 2' in metrics and '"global_batch_tokens": 600' in metrics
 
 
-def test_killed_two_rank_run_resumes_bitwise(tokenized_root, two_ranks, tmp_path):
+def test_killed_two_rank_run_resumes_bitwise(tokenized_root, tmp_path):
+    """With dropout on, so each rank's random stream matters: restoring every rank's RNG state
+    from last.pt is what makes the resumed run the uninterrupted one."""
+    reference = fresh_copy(tokenized_root, tmp_path / "whole")
+    set_train_params(reference, dropout=0.1)
+    assert train(reference).returncode == 0
     root = fresh_copy(tokenized_root, tmp_path / "r")
+    set_train_params(root, dropout=0.1)
     killed = train(root, "after_periodic_save:2", every=6)  # rank 0 dies as kill -9 would
     assert killed.returncode == 1
     assert "rank 0 of 2 exited with code 137" in killed.stderr
@@ -95,7 +102,7 @@ def test_killed_two_rank_run_resumes_bitwise(tokenized_root, two_ranks, tmp_path
     resumed = train(root)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout and "at step 12" in resumed.stdout
-    expected, got = weights(two_ranks[0]), weights(root)
+    expected, got = weights(reference), weights(root)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
@@ -145,3 +152,66 @@ def test_kill_9_of_the_launcher_ends_every_rank_and_resumes_bitwise(
     assert "resumed from" in resumed.stdout
     expected, got = weights(two_ranks[0]), weights(root)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+# Two batches of different target lengths, so a wrong normalisation cannot cancel out.
+GRAD_BATCHES = [([[5, 6, 7, 8], [9, 10]], [[11, 12], [13, 14, 15, 16, 17]]),
+                ([[18, 19, 20]], [[21, 22, 23, 24, 25, 26, 27]])]
+
+
+def step_gradients(rank: int, size: int, init_file: str, out_dir: str) -> None:
+    """One Trainer.step of a tiny model as rank `rank` of `size` (each rank its own batch) or
+    alone with both batches accumulated; saves the gradients the optimizer is handed."""
+    import torch.distributed as dist
+
+    from src.data.batching import make_batch
+    from src.nmt.model import ModelConfig, Transformer
+    from src.training.distributed import World
+    from src.training.precision import Precision
+    from src.training.resume import ResumeStore
+    from src.training.trainer import Trainer
+
+    torch.set_num_threads(1)
+    if size > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=size)
+    from helpers import train_cfg
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(40, 40, d_model=16, n_heads=2, n_layers=1, ffn_dim=32,
+                                    dropout=0.0, share_source_embedding=True))
+    trainer = Trainer(model, train_cfg(clip_norm=0.0), torch.device("cpu"), 10,
+                      ResumeStore(Path(out_dir) / f"ckpt{rank}", {}, ""), 1,
+                      World(rank, size, rank, size), Precision("fp32", "cpu", "test"))
+    grads = {}
+    step = trainer.optimizer.step
+
+    def record_then_step(*args, **kwargs):
+        grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record_then_step
+    batches = [make_batch(*b, max_positions=16) for b in GRAD_BATCHES]
+    n_target = sum(int((b.tgt_out != 0).sum()) for b in batches)
+    mine = batches if size == 1 else [batches[rank]]
+    trainer.step(mine, n_target)
+    torch.save(grads, Path(out_dir) / f"grads-{size}-{rank}.pt")
+    if size > 1:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_hand_the_optimizer_the_gradients_of_one_process_with_accumulation(
+        tmp_path, monkeypatch):
+    """Compared before AdamW (which with clipping hardly notices a constant gradient scale): a
+    wrong world-size factor in the loss normalisation fails here."""
+    import torch.multiprocessing as mp
+
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    step_gradients(0, 1, "", str(tmp_path))
+    mp.spawn(step_gradients, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    alone = torch.load(tmp_path / "grads-1-0.pt")
+    for rank in (0, 1):
+        ranked = torch.load(tmp_path / f"grads-2-{rank}.pt")
+        assert alone.keys() == ranked.keys()
+        for name in alone:
+            assert torch.allclose(alone[name], ranked[name], rtol=1e-5, atol=1e-7), name
