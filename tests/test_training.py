@@ -349,17 +349,30 @@ def test_an_mlflow_failure_does_not_stop_the_stage(monkeypatch, capsys):
 
 
 def test_an_unreachable_tracking_store_runs_the_stage_untracked(monkeypatch, capsys):
+    """A real tracking URI where nothing listens: the stage body runs, on the do-nothing run
+    (exactly NullRun, not an MlflowRun), with one warning."""
+    import mlflow
+    from tracking_server import free_port
+
     from src.core import tracking
 
-    def unreachable(*args):
-        raise ConnectionError("tracking server down")
-
+    before = mlflow.get_tracking_uri()
     monkeypatch.setenv("NMT_TRACKING", "on")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     monkeypatch.setattr(tracking, "_warned", set())
-    monkeypatch.setattr(tracking, "_open_run", unreachable)
-    with tracking.stage_run("train", {}) as run:
-        run.log_metrics({"x": 1.0})
-    assert isinstance(run, tracking.NullRun) and "tracking server down" in capsys.readouterr().err
+    ran = []
+    try:
+        with tracking.stage_run("train", {"train": {"lr": 0.1}}) as run:
+            run.log_metrics({"x": 1.0})
+            ran.append(True)
+    finally:
+        mlflow.set_tracking_uri(before)
+    assert ran and type(run) is tracking.NullRun
+    err = capsys.readouterr().err
+    assert err.count("warning: MLflow tracking failed") == 1, err
+    assert "the stage goes on" in err
 
 
 def test_a_checkpoint_past_a_lowered_cap_is_set_aside(tmp_path, capsys):
