@@ -151,6 +151,12 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
             scores["int8"] = score_file(tmp8, model, tok, part, cfg)
             agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
             result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
+            if result["int8_same_as_fp32"] < cfg.min_int8_agreement:
+                raise PipelineError(
+                    f"model.int8.onnx translates {result['int8_same_as_fp32']:.1%} of the "
+                    f"{len(part):,} test sentences as model.onnx does, below "
+                    f"export.min_int8_agreement {cfg.min_int8_agreement:.0%} (BLEU "
+                    f"{scores['int8']['bleu']} vs {scores['fp32']['bleu']}): neither file written")
         sentences = list(part["source"])[: cfg.parity_sentences]
         for name, generation_tmp in written.items():
             final = onnx_path if name == "fp32" else int8_path
