@@ -174,8 +174,9 @@ def test_checkpoint_every_zero_steps_is_a_usage_error(tokenized_root):
     assert "--checkpoint-every-steps" in result.stderr
 
 
-def test_killed_by_a_signal_mid_run_resumes(tokenized_root, tmp_path):
-    """A real SIGKILL at a random moment (not a failpoint) still resumes."""
+def test_killed_by_a_signal_mid_run_resumes(tokenized_root, uninterrupted, tmp_path):
+    """A real SIGKILL at a random moment (not a failpoint) resumes, to the uninterrupted run's
+    weights bit for bit."""
     root = fresh_copy(tokenized_root, tmp_path / "r")
     env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
     proc = subprocess.Popen(
@@ -192,6 +193,9 @@ def test_killed_by_a_signal_mid_run_resumes(tokenized_root, tmp_path):
     result = run_stage(root, "train")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
+    expected, got = weights(uninterrupted), weights(root)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 def first_checkpoint(root, proc: subprocess.Popen):
