@@ -3,12 +3,14 @@ and the stage's own files keep every result."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 from tracking_server import mlflow_server
 
 from src.core import tracking
+from src.core.atomic import write_json
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +34,11 @@ def test_a_tracking_server_going_away_mid_run_does_not_stop_the_stage(
             start = time.monotonic()
             for step in range(2, 200):  # a training loop logging every step
                 run.log_metrics({"train_loss": 3.0 / step}, step=step)
-            elapsed = time.monotonic() - start
+            # and the stage writes its outputs, as train writes model.pt and its reports
+            write_json(tmp_path / "train_stats.json", {"steps": step})
+        # leaving the block ends the stage's run and its repro run, against the dead server
+        elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     assert err.count("warning: MLflow log_metrics failed") == 1, err
     assert elapsed < 30, f"{elapsed:.1f} s spent on a dead server"  # not minutes of retries
+    assert json.loads((tmp_path / "train_stats.json").read_text()) == {"steps": 199}
