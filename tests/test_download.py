@@ -346,3 +346,83 @@ def test_sha256_pins_the_corpus(tmp_path, toy_tsv):
     right = hashlib.sha256(toy_tsv.read_bytes()).hexdigest()
     _, result = http_download(tmp_path / "again", str(toy_tsv), sha256=right)
     assert result.returncode == 0, result.stderr
+
+
+# -- transport.fetch in process: statuses, redirects, schemes, stalls, compression -------------
+
+def fetch_to(tmp_path, url: str, timeout_s: float = 30) -> bytes:
+    from src.data.transport import fetch
+
+    dest = tmp_path / "payload"
+    fetch(url, dest, timeout_s, 10**7)
+    return dest.read_bytes()
+
+
+@pytest.mark.parametrize("status", [b"404 Not Found", b"500 Internal Server Error",
+                                    b"204 No Content"])
+def test_a_status_other_than_200_fails_and_names_it(tmp_path, status):
+    response = b"HTTP/1.1 " + status + b"\r\nContent-Length: 3\r\n\r\nabc"
+    with raw_server(replies(response)) as base:
+        with pytest.raises(PipelineError, match=f"download failed: HTTP {status.decode()} for "
+                                                f"{base}/cmn.txt"):
+            fetch_to(tmp_path, f"{base}/cmn.txt")
+
+
+def test_a_redirect_loop_stops_at_the_limit(tmp_path):
+    from src.data.transport import MAX_REDIRECTS
+
+    hops = []
+
+    def respond(conn, path):
+        hops.append(path)
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /again%d\r\nContent-Length: 0\r\n\r\n"
+                     % len(hops))
+
+    with raw_server(respond) as base:
+        with pytest.raises(PipelineError,
+                           match=f"more than {MAX_REDIRECTS} redirects from {base}/start"):
+            fetch_to(tmp_path, f"{base}/start")
+    assert len(hops) == MAX_REDIRECTS + 1
+
+
+def test_a_redirect_to_another_scheme_is_refused(tmp_path):
+    def respond(conn, path):
+        conn.sendall(b"HTTP/1.1 301 Moved\r\nLocation: ftp://files.example/cmn.txt\r\n"
+                     b"Content-Length: 0\r\n\r\n")
+
+    with raw_server(respond) as base:
+        with pytest.raises(PipelineError, match="redirects to ftp://files.example/cmn.txt"):
+            fetch_to(tmp_path, f"{base}/cmn.txt")
+
+
+@pytest.mark.parametrize("url", ["ftp://files.example/cmn.zip", "s3://bucket/cmn.zip"])
+def test_an_unsupported_scheme_is_named(tmp_path, url):
+    scheme = url.split(":")[0]
+    with pytest.raises(PipelineError, match=f"unsupported URL scheme '{scheme}'"):
+        fetch_to(tmp_path, url)
+
+
+def test_a_server_that_stops_sending_fails_after_the_stall_limit(tmp_path, monkeypatch):
+    """A read that waits longer than STALL_S (30 s; 0.5 s here) fails well before the total
+    deadline (download.timeout_s, 60 s here)."""
+    from src.data import transport
+
+    monkeypatch.setattr(transport, "STALL_S", 0.5)
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n"
+    with raw_server(replies(head, b"x" * 10, b"", delay_s=3)) as base:
+        start = time.monotonic()
+        with pytest.raises(PipelineError, match="timed out"):
+            fetch_to(tmp_path, f"{base}/cmn.txt", timeout_s=60)
+    assert time.monotonic() - start < 2.5
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_body_is_stored_decoded(tmp_path, encoding):
+    import gzip
+    import zlib
+
+    body = gzip.compress(CORPUS) if encoding == "gzip" else zlib.compress(CORPUS)
+    response = (b"HTTP/1.1 200 OK\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n\r\n"
+                % (encoding.encode(), len(body))) + body
+    with raw_server(replies(response)) as base:
+        assert fetch_to(tmp_path, f"{base}/cmn.txt") == CORPUS
