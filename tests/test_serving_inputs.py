@@ -1,0 +1,54 @@
+"""The served model's request checks (src/runtime/serving.py), without a model: what is accepted
+becomes a list of sentences and search settings; what is not is an MLflow 400 naming why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+
+from src.runtime.generation import MAX_BEAM
+from src.runtime.serving import MAX_CHARS, MAX_SENTENCES, as_sentences, search_params
+
+
+def refused(call, fragment: str) -> None:
+    with pytest.raises(MlflowException, match=fragment) as info:
+        call()
+    assert info.value.get_http_status_code() == 400
+
+
+@pytest.mark.parametrize("given", [
+    ["a", "b"], pd.Series(["a", "b"]), pd.DataFrame({"text": ["a", "b"]}), np.array(["a", "b"])])
+def test_lists_series_frames_and_arrays_become_a_list_of_sentences(given):
+    assert as_sentences(given) == ["a", "b"]
+
+
+def test_one_string_is_one_sentence():
+    assert as_sentences("Hello.") == ["Hello."]
+
+
+def test_requests_the_model_cannot_take_are_400s_that_say_why():
+    refused(lambda: as_sentences([]), "no sentences to translate")
+    refused(lambda: as_sentences(pd.DataFrame({"a": ["x"], "b": ["y"]})), "one column")
+    refused(lambda: as_sentences({"text": "x"}), "expected a list of sentences, got dict")
+    refused(lambda: as_sentences(["ok", 42]), "input 1 is a int, not a string")
+    refused(lambda: as_sentences(["x" * (MAX_CHARS + 1)]), f"input 0 has {MAX_CHARS + 1:,}")
+    as_sentences(["x" * MAX_CHARS])  # the limit itself is fine
+
+
+def test_a_request_of_more_sentences_than_the_limit_is_refused():
+    as_sentences(["x"] * MAX_SENTENCES)
+    refused(lambda: as_sentences(["x"] * (MAX_SENTENCES + 1)),
+            f"{MAX_SENTENCES + 1:,} sentences in one request; the limit is {MAX_SENTENCES:,}")
+
+
+def test_search_params_default_to_the_exports_and_check_their_range():
+    assert search_params(None) == (None, None)
+    assert search_params({"beam": 0, "max_length": 0}) == (None, None)
+    assert search_params({"beam": 4, "max_length": 50}) == (4, 50)
+    assert search_params({"beam": MAX_BEAM, "max_length": 1000}) == (MAX_BEAM, 1000)
+    for bad in ({"beam": MAX_BEAM + 1}, {"beam": -1}, {"beam": 2.5}, {"beam": "4"},
+                {"max_length": 1001}):
+        name = next(iter(bad))
+        refused(lambda bad=bad: search_params(bad), f"param {name} must be a whole number")
