@@ -24,6 +24,7 @@ from pathlib import Path
 
 import typer
 
+from src.core import paths
 from src.core.cli import run_cli
 from src.core.errors import PipelineError, require_file
 from src.data.subword import BOS, PAD
@@ -153,9 +154,9 @@ def ct2_options(target_pieces: list[str], beam: int, max_new_tokens: int,
 
 @app.command()
 def main(
-    model: Path = typer.Option(Path("models/model.pt"), help="Checkpoint from `train`."),
-    tokenizer: Path = typer.Option(Path("models/tokenizer"), help="Tokenizer dir."),
-    output: Path = typer.Option(Path("models/ct2"), help="CTranslate2 model dir to write."),
+    model: Path = typer.Option(paths.MODELS / "model.pt", help="Checkpoint from `train`."),
+    tokenizer: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir."),
+    output: Path = typer.Option(paths.MODELS / "ct2", help="CTranslate2 model dir to write."),
 ) -> None:
     """Convert the trained checkpoint to a CTranslate2 model directory (same weights)."""
     require_file(model, "train")
