@@ -506,16 +506,34 @@ def test_text_model_refuses_search_settings_it_does_not_have(project):
                           "drop --tokenizer")
 
 
-def test_text_graph_cli_writes_a_greedy_twin(project, tmp_path):
+@pytest.mark.parametrize("source", ["model.onnx", "model.int8.onnx"])  # int8: the README's
+def test_text_graph_cli_writes_a_greedy_twin(project, tmp_path, source):
     greedy = tmp_path / "greedy.text.onnx"
-    result = run_stage(project, "text_graph", str(project / "models/model.onnx"),
+    result = run_stage(project, "text_graph", str(project / "models" / source),
                        "--beam", "1", "--output", str(greedy))
     assert result.returncode == 0, result.stderr
     sentence = "She sees five rabbits."
-    want = infer(project, sentence, "--beam", "1")
+    want = infer(project, sentence, "--beam", "1", model=project / "models" / source)
     got = infer(project, sentence, model=greedy)
     assert got.returncode == 0, got.stderr
     assert got.stdout == want.stdout and got.stdout.strip()
+
+
+def test_text_graph_cli_sets_the_length_penalty(project, tmp_path):
+    """--length-penalty reaches the twin's search (and its metadata), as --beam does."""
+    from datasets import load_from_disk
+
+    models = project / "models"
+    twin = tmp_path / "lp.text.onnx"
+    result = run_stage(project, "text_graph", str(models / "model.onnx"), "--beam", "3",
+                       "--length-penalty", "0.6", "--output", str(twin))
+    assert result.returncode == 0, result.stderr
+    text = generation.load_translator(twin, threads=1)
+    assert (text.meta["beam_size"], float(text.meta["length_penalty"])) == ("3", 0.6)
+    reference = generation.load_translator(models / "model.onnx", models / "tokenizer", threads=1)
+    reference.meta["length_penalty"] = "0.6"
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:30]
+    assert text.translate(sources) == reference.translate(sources, 3)
 
 
 def test_text_parity_fails_when_the_text_model_decodes_differently(project, tmp_path):
