@@ -470,3 +470,30 @@ def test_valid_bleu_uses_the_length_ratio_of_params(monkeypatch):
     monkeypatch.setattr(validation, "validation_loss", lambda *a: 1.0)
     scorer(model, "cpu")
     assert seen == [0.7, 1.3]
+
+
+def test_a_stage_that_raises_ends_its_run_and_repro_run_failed(tmp_path, monkeypatch):
+    """An error inside the stage (not a stop) marks both MLflow runs FAILED, never FINISHED or
+    left RUNNING, and the error still reaches the caller."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from src.core import tracking
+    from src.core.errors import PipelineError
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    before = mlflow.get_tracking_uri()
+    monkeypatch.setenv("NMT_TRACKING", "on")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("NMT_REPRO_ID", "failing-repro")
+    try:
+        with pytest.raises(PipelineError, match="bad input"):
+            with tracking.stage_run("split", {"split": {"seed": 0}}) as run:
+                assert type(run) is tracking.MlflowRun
+                raise PipelineError("bad input")
+        runs = MlflowClient(uri).search_runs(
+            [mlflow.get_experiment_by_name(tracking.EXPERIMENT).experiment_id])
+    finally:
+        mlflow.set_tracking_uri(before)
+    statuses = {r.data.tags.get("stage", "repro"): r.info.status for r in runs}
+    assert statuses == {"split": "FAILED", "repro": "FAILED"}
