@@ -44,7 +44,8 @@ def main(
 ) -> None:
     """Download the corpus named by params `download.url` (http(s), file:// or a local path;
     zip, plain TSV, or one text file per language via `{lang}`) and the optional predefined
-    test set `download.test_url`; write each as one UTF-8 TSV, atomically."""
+    test set `download.test_url`; write each as one UTF-8 TSV, atomically (columns as params
+    `pair.*` say)."""
     pair = load_params(PairParams)
     cfg = load_params(DownloadParams)
     shown = cfg.model_dump() | {"url": redact(cfg.url), "test_url": redact(cfg.test_url)}

@@ -85,7 +85,8 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
          metrics: Path = typer.Option(paths.EXPORT_METRICS, help="Headline JSON (DVC metrics)."),
          stats: Path = typer.Option(paths.EXPORT_STATS, help="Everything about the export, JSON."),
          ) -> None:
-    """Export model.pt to one model.onnx with the search inside, verified against PyTorch."""
+    """Export model.pt to one model.onnx with the search inside (params `export.*`), verified
+    against PyTorch."""
     from datasets import disable_progress_bars, load_from_disk
 
     disable_progress_bars()

@@ -48,7 +48,8 @@ def main(
     out_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded DatasetDict to write."),
     stats_path: Path = typer.Option(paths.TOKENIZE_STATS, "--stats", help="Stats JSON to write."),
 ) -> None:
-    """Train SentencePiece on the train split (params `tokenize.*`) and encode all splits."""
+    """Train SentencePiece on the train split (params `tokenize.*`, languages from `pair.*`) and
+    encode all splits."""
     from datasets import DatasetDict, disable_progress_bars, load_from_disk
 
     disable_progress_bars()

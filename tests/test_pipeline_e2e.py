@@ -8,6 +8,7 @@ after a `train.*` change, `dvc exp run -S`, and `dvc metrics show`.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -106,7 +107,9 @@ def test_every_stage_wrote_its_outputs(project):
 
     assert (project / "data/raw/corpus.tsv").read_text(encoding="utf-8") == toy_tsv()
     meta = json.loads((project / "data/raw/download.json").read_text())
-    assert len(meta["corpus"]["corpus_sha256"]) == 64 and meta["test"] is None
+    corpus = (project / "data/raw/corpus.tsv").read_bytes()
+    assert meta["corpus"]["corpus_sha256"] == hashlib.sha256(corpus).hexdigest()
+    assert meta["test"] is None
     splits = load_from_disk(str(project / "data/split"))
     counts = json.loads((project / "data/split_stats.json").read_text())
     assert counts["kept"] == 1080 and counts["n_train"] == len(splits["train"])
