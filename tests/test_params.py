@@ -109,9 +109,13 @@ def test_a_typo_in_a_later_section_fails_the_first_stage(tmp_path):
         load_params(SECTIONS["download"], path=write(tmp_path, raw))
 
 
-def test_the_old_name_average_last_is_read_as_average_best_with_a_note(tmp_path, capsys):
+def test_the_old_name_average_last_is_read_as_average_best_with_a_note(tmp_path, capsys,
+                                                                     monkeypatch):
     """Renamed because it averages the best epochs, not the last; old params.yaml files and
     `dvc exp run -S train.average_last=N` still work."""
+    from src.core import params
+
+    monkeypatch.setattr(params, "_noted", set())  # the note is said once per process
     raw = committed()
     raw["train"]["average_last"] = raw["train"].pop("average_best") - 3
     cfg = load_params(TrainParams, path=write(tmp_path, raw))
