@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from src.core.errors import PipelineError
-from src.promote import score, should_promote
+from src.promote import score, should_promote, version_by_alias
 
 
 @pytest.mark.parametrize("candidate, champion, new, old, promoted", [
@@ -24,9 +24,10 @@ def test_the_champion_moves_only_to_another_strictly_better_version(candidate, c
     assert should_promote(candidate, champion, new, old) is promoted
 
 
-def client_with(metrics: dict) -> SimpleNamespace:
-    run = SimpleNamespace(data=SimpleNamespace(metrics=metrics))
-    return SimpleNamespace(get_run=lambda run_id: run)
+def client_with(metrics: dict, run_id: str = "abc") -> SimpleNamespace:
+    """A registry client whose one run, `run_id`, logged `metrics`."""
+    runs = {run_id: SimpleNamespace(data=SimpleNamespace(metrics=metrics))}
+    return SimpleNamespace(get_run=lambda asked: runs[asked])
 
 
 def test_a_version_is_scored_by_its_run_metric():
@@ -39,3 +40,18 @@ def test_a_version_without_the_metric_is_refused_not_compared(run_id, metrics):
     version = SimpleNamespace(version="3", run_id=run_id)
     with pytest.raises(PipelineError, match="version 3 has no metric 'fp32_bleu'"):
         score(client_with(metrics), version, "fp32_bleu")
+
+
+def test_an_alias_nobody_holds_is_none_and_a_held_one_is_its_version():
+    from mlflow.exceptions import MlflowException
+
+    held = SimpleNamespace(version="4")
+
+    def by_alias(name, alias):
+        if (name, alias) == ("nmt-en-zh", "champion"):
+            return held
+        raise MlflowException(f"alias {alias} not found")
+
+    client = SimpleNamespace(get_model_version_by_alias=by_alias)
+    assert version_by_alias(client, "nmt-en-zh", "champion") is held
+    assert version_by_alias(client, "nmt-en-zh", "candidate") is None

@@ -1,9 +1,12 @@
-"""Scores by source length: each sentence lands in the bucket of its word count."""
+"""Scores: the tokenizer each target language gets, rounding, and scores by source length (each
+sentence lands in the bucket of its word count)."""
 
 from __future__ import annotations
 
+import pytest
+
 from src.core.reports import LENGTH_BUCKETS
-from src.core.scoring import length_bucket, score_by_length
+from src.core.scoring import bleu, bleu_tokenizer, length_bucket, score, score_by_length
 from src.evaluate import length_side
 
 
@@ -38,3 +41,31 @@ def test_chinese_to_english_is_bucketed_by_the_english_reference():
     assert [length_bucket(t, LENGTH_BUCKETS) for t in flipped] == ["le6w", "ge10w"]
     assert length_side(english, chinese, "en", "zh") == english
     assert length_side(english, english, "en", "en") == english  # no flip when both are English
+
+
+@pytest.mark.parametrize("lang, tokenizer", [
+    ("zh", "zh"), ("ZH-tw", "zh"), ("cmn", "zh"), ("CMN", "zh"), ("ja", "char"), ("JA", "char"),
+    ("ko", "char"), ("ko-KR", "char"), ("en", "13a"), ("vi", "13a"), ("de-CH", "13a")])
+def test_the_bleu_tokenizer_follows_the_target_language(lang, tokenizer):
+    assert bleu_tokenizer(lang) == tokenizer
+
+
+def test_scores_use_that_tokenizer_and_keep_two_decimals():
+    """A Chinese hypothesis without spaces scores by character (zh), not as one 13a word; the
+    figures are sacreBLEU's, rounded to 2 decimals (4 for the brevity penalty)."""
+    import sacrebleu
+
+    hyps, refs = ["我们喜欢猫和狗。", "他在家"], ["我们喜欢猫。", "他今天在家。"]
+    raw = sacrebleu.corpus_bleu(hyps, [refs], tokenize="zh")
+    assert raw.score != round(raw.score, 2) and raw.bp != round(raw.bp, 4)  # rounding shows
+    assert bleu(hyps, refs, "zh") == round(raw.score, 2)
+    assert bleu(hyps, refs, "zh") != bleu(hyps, refs, "en")
+    scores = score(hyps, refs, "zh")
+    chrf = sacrebleu.corpus_chrf(hyps, [refs]).score
+    assert scores == {"bleu": round(raw.score, 2), "chrf": round(chrf, 2),
+                      "bleu_brevity_penalty": round(raw.bp, 4)}
+
+
+def test_buckets_refuse_lists_of_different_lengths():
+    with pytest.raises(ValueError):
+        score_by_length([words(3), words(4)], ["猫"], ["猫", "狗"], "zh", LENGTH_BUCKETS)

@@ -37,6 +37,39 @@ def test_read_pairs_honours_column_order():
     assert read_pairs(["Hi.\t嗨。\tx\n"], zh_en, 20).pairs == [("嗨。", "Hi.")]
 
 
+def test_read_pairs_counts_every_drop_and_keeps_the_limits():
+    """Each reason counted as often as it happens; exactly max_chars is kept on either side; a
+    line with just the needed columns is not malformed; inner whitespace becomes one space."""
+    lines = ["a\tb", "a\tb", "a\tb",             # two duplicates
+             "x" * 20 + "\t" + "y" * 20,          # exactly max_chars: kept
+             "x" * 21 + "\ty", "x\t" + "y" * 21,  # one side too long, each side
+             "one column", "still one",            # malformed twice
+             "", "  ", " \t ",                     # empty three times
+             "two  words\t here \u3000 now \tx"]
+    out = read_pairs(lines, PAIR, max_chars=20)
+    assert out.pairs == [("a", "b"), ("x" * 20, "y" * 20), ("two words", "here now")]
+    assert out.dropped == {"duplicate": 2, "too_long": 2, "malformed": 2, "empty": 3}
+
+
+def test_sizes_under_one_are_fractions_and_from_one_counts():
+    from src.data.splitting import group_count
+
+    assert group_count(0.1, 50) == 5
+    assert group_count(1, 50) == 1 and group_count(1.5, 50) == 1 and group_count(7, 50) == 7
+
+
+def test_the_parts_are_written_as_one_dataset_of_source_target_columns(tmp_path):
+    from datasets import load_from_disk
+
+    from src.data.splitting import write_parts
+
+    parts = {"train": [("a", "b"), ("c", "d")], "valid": [("e", "f")], "test": [("g", "h")]}
+    write_parts(parts, tmp_path / "split")
+    loaded = load_from_disk(str(tmp_path / "split"))
+    assert {name: list(zip(loaded[name]["source"], loaded[name]["target"]))
+            for name in loaded} == parts
+
+
 def grouped_pairs():
     # 10 source sentences, some with several translations
     return [(f"s{i}", f"t{i}-{j}") for i in range(10) for j in range(1 + i % 3)]

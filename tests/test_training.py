@@ -284,6 +284,29 @@ def test_epochs_are_kept_and_ranked_by_criterion(tmp_path):
     assert epochs == [1, 3] and float(next(iter(weights.values())).flatten()[0]) == 1.0
 
 
+def test_a_tie_is_not_an_improvement_and_averaging_lists_the_best_first(tmp_path):
+    """A later epoch that only equals the best neither replaces best.pt nor resets patience;
+    averaged epochs come best first (not in epoch order); patience 0 never stops training."""
+    model = Transformer(ModelConfig(16, 16, d_model=8, n_heads=2, n_layers=1, ffn_dim=16,
+                                    dropout=0.0, max_positions=16))
+    state = TrainState()
+    selection = EpochSelection(tmp_path, state, average_best=3, patience=0)
+    improved = []
+    for epoch, criterion in enumerate([-10.0, -30.0, -20.0, -30.0]):
+        with torch.no_grad():
+            next(model.parameters()).fill_(float(epoch))
+        improved.append(selection.record(model, epoch, criterion))
+    assert improved == [True, True, False, False] and state.bad_epochs == 2
+    best = checkpoint.load(tmp_path / "best.pt")["model"]
+    assert float(next(iter(best.values())).flatten()[0]) == 1.0  # epoch 2, not the tie
+    assert not selection.patience_spent()  # patience 0: never
+    _, epochs = selection.averaged_weights()
+    assert epochs == [2, 4, 3]
+    selection.prune()
+    assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == [
+        "epoch2.pt", "epoch3.pt", "epoch4.pt"]
+
+
 def test_a_params_change_moves_checkpoints_aside_instead_of_deleting(tmp_path, capsys):
     from src.core.params import ModelParams
     from src.training.resume import ResumeStore, trajectory_params
