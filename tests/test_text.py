@@ -38,7 +38,7 @@ def test_a_utf16_bom_on_bytes_that_are_not_utf16_is_refused():
 
 
 def test_lines_end_at_newline_only():
-    assert split_lines("a\r\nb\u2028c\rd\n\ne\n") == ["a", "b\u2028c\rd", "", "e"]
+    assert split_lines("ab\r\nb\u2028c\rd\n\ne\n") == ["ab", "b\u2028c\rd", "", "e"]
     assert split_lines("no newline") == ["no newline"]
     assert split_lines("") == []
 
@@ -46,10 +46,10 @@ def test_lines_end_at_newline_only():
 def test_streamed_lines_drop_a_first_bom_and_name_the_bad_line(tmp_path):
     raw = [codecs.BOM_UTF8 + b"one\r\n", b"two\n", codecs.BOM_UTF8 + b"three"]
     assert list(iter_lines(raw, "s")) == ["one", "two", "\ufeffthree"]  # only the first BOM
-    lines = [b"first\n", b"x " + GBK + b"\n"]
+    lines = [b"first\n", b"second\n", b"x " + GBK + b"\n"]
     with pytest.raises(PipelineError) as info:
         list(iter_lines(lines, "stdin"))
-    assert "stdin: not UTF-8 text at line 2, byte offset 8 (bytes d6 d0 ce c4)" in str(info.value)
+    assert "stdin: not UTF-8 text at line 3, byte offset 15 (bytes d6 d0 ce c4)" in str(info.value)
     path = tmp_path / "in.txt"
     path.write_bytes(codecs.BOM_UTF8 + b"a\nb\r\n")
     assert list(read_lines(path)) == ["a", "b"]
