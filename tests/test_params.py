@@ -125,3 +125,64 @@ def test_the_old_name_average_last_is_read_as_average_best_with_a_note(tmp_path,
     raw["train"]["average_best"] = raw["train"]["average_last"] + 1
     with pytest.raises(PipelineError, match="average_last is the old name"):
         load_params(TrainParams, path=write(tmp_path, raw))
+
+
+def test_the_file_level_errors_say_exactly_what_is_wrong(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_bytes(b"train:\n  seed: 0 # " + "中".encode("gbk"))
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=path)
+    assert str(info.value) == f"{path} is not UTF-8 text"
+    path.write_text("train: [unclosed\n  seed: 0\n", encoding="utf-8")
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=path)
+    assert str(info.value).startswith(f"{path} is not valid YAML: ")
+    assert "\n" not in str(info.value) and "  " in str(info.value)  # one line, spaces kept
+    path.write_text("- a list\n", encoding="utf-8")
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=path)
+    assert str(info.value) == f"{path} must be a mapping of sections"
+
+
+def test_section_errors_name_the_section(tmp_path):
+    raw = committed()
+    raw[1] = {}  # a section name YAML reads as a number sorts with the others, by text
+    raw["zeta"] = {}
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=write(tmp_path, raw))
+    assert str(info.value) == "params.yaml: unknown section '1'"
+    raw = committed()
+    del raw["export"]
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=write(tmp_path, raw))
+    assert str(info.value) == "params.yaml: missing section 'export'"
+    raw = committed()
+    raw["export"] = [1, 2]
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=write(tmp_path, raw))
+    assert str(info.value) == "params.yaml: section 'export' must be a mapping"
+
+
+def test_a_bad_value_is_shown_beside_its_key_and_a_duplicate_names_its_line(tmp_path):
+    raw = committed()
+    raw["train"]["epochs"] = "many"
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=write(tmp_path, raw))
+    assert str(info.value).startswith("params.yaml: bad value for 'train.epochs': ")
+    assert str(info.value).endswith(" (got 'many')")
+    path = tmp_path / "params.yaml"
+    path.write_text("pair:\n  source_lang: en\n  source_lang: de\n", encoding="utf-8")
+    with pytest.raises(PipelineError) as info:
+        load_params(TrainParams, path=path)
+    assert str(info.value) == "params.yaml line 3: duplicate key 'source_lang'"
+
+
+def test_the_renamed_key_note_is_said_once_per_process(tmp_path, capsys, monkeypatch):
+    from src.core import params
+
+    monkeypatch.setattr(params, "_noted", set())
+    raw = committed()
+    raw["train"]["average_last"] = raw["train"].pop("average_best")
+    for _ in range(3):
+        load_params(TrainParams, path=write(tmp_path, raw))
+    assert capsys.readouterr().err.count("train.average_last is now") == 1
