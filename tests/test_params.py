@@ -90,8 +90,9 @@ def test_duplicate_keys_are_refused(tmp_path):
 def test_heads_that_do_not_divide_the_width_are_refused_at_load(tmp_path):
     raw = committed()
     raw["model"].update(d_model=30, n_heads=4)
-    with pytest.raises(PipelineError, match=r"bad value for 'model': d_model \(30\)"):
+    with pytest.raises(PipelineError, match=r"bad value for 'model': d_model \(30\)") as info:
         load_params(ModelParams, path=write(tmp_path, raw))
+    assert str(info.value).endswith("times an even head size")  # across keys: no value shown
 
 
 def test_equal_source_and_target_columns_are_refused(tmp_path):
