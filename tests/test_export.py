@@ -356,8 +356,12 @@ def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
     assert all(tok not in (0, BOS, UNK) for row in got for tok in row) and got[0]
 
 
-def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
-    """Before: model.onnx was replaced, then the int8 check failed, leaving a stale int8 twin."""
+EXPORTED = ("model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx")
+
+
+def write_verified_fails(project, fp32: onnx.ModelProto, int8: onnx.ModelProto, match: str):
+    """`write_verified` of these two graphs over the project's exported files must fail with
+    `match`, and leave the four files as they were."""
     from datasets import load_from_disk
 
     from src.core.errors import PipelineError
@@ -366,18 +370,21 @@ def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
     from src.graph.verify import write_verified
 
     models = project / "models"
-    old = {name: (models / name).read_bytes() for name in (
-        "model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx")}
+    old = {name: (models / name).read_bytes() for name in EXPORTED}
     model, _ = checkpoint.load_model(models / "model.pt")
     cfg = load_params(ExportParams, path=project / "params.yaml")
     part = load_from_disk(str(project / "data/tokenized"))["test"]
-    broken_int8 = onnx.ModelProto()  # fails onnx.checker
-    with pytest.raises(PipelineError, match="fails onnx.checker"):
-        write_verified(onnx.load(str(models / "model.onnx")), broken_int8,
-                       (models / "model.onnx", models / "model.int8.onnx"), model,
+    with pytest.raises(PipelineError, match=match):
+        write_verified(fp32, int8, (models / "model.onnx", models / "model.int8.onnx"), model,
                        load_tokenizers(models / "tokenizer"), part, cfg, models / "tokenizer")
-    assert {name: (models / name).read_bytes() for name in old} == old
+    assert {name: (models / name).read_bytes() for name in EXPORTED} == old
     assert not list(models.glob(".*.tmp"))
+
+
+def test_a_failed_int8_check_leaves_the_old_pair_untouched(project):
+    """Before: model.onnx was replaced, then the int8 check failed, leaving a stale int8 twin."""
+    fp32 = onnx.load(str(project / "models/model.onnx"))
+    write_verified_fails(project, fp32, onnx.ModelProto(), "fails onnx.checker")
 
 
 def garbled(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -416,25 +423,8 @@ def test_a_file_that_disagrees_with_pytorch_fails_verification(project, tmp_path
 
 def test_an_int8_file_that_translates_garbage_is_not_written(project):
     """export.min_int8_agreement: int8_same_as_fp32 used to be computed and never checked."""
-    from datasets import load_from_disk
-
-    from src.core.errors import PipelineError
-    from src.core.params import ExportParams, load_params
-    from src.data.subword import load_tokenizers
-    from src.graph.verify import write_verified
-
-    models = project / "models"
-    old = {name: (models / name).read_bytes() for name in (
-        "model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx")}
-    model, _ = checkpoint.load_model(models / "model.pt")
-    cfg = load_params(ExportParams, path=project / "params.yaml")
-    part = load_from_disk(str(project / "data/tokenized"))["test"]
-    fp32 = onnx.load(str(models / "model.onnx"))
-    with pytest.raises(PipelineError, match=r"below export.min_int8_agreement 80%"):
-        write_verified(fp32, garbled(fp32), (models / "model.onnx", models / "model.int8.onnx"),
-                       model, load_tokenizers(models / "tokenizer"), part, cfg,
-                       models / "tokenizer")
-    assert {name: (models / name).read_bytes() for name in old} == old
+    fp32 = onnx.load(str(project / "models/model.onnx"))
+    write_verified_fails(project, fp32, garbled(fp32), r"below export.min_int8_agreement 80%")
 
 
 # -- text in, text out (src/text_graph.py) ------------------------------------------------------
