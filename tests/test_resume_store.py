@@ -135,3 +135,46 @@ def test_rng_state_round_trips_python_and_torch():
     again = (random.random(), torch.rand(3))
     assert again[0] == expected[0] and torch.equal(again[1], expected[1])
     assert state["cuda"] is None or torch.cuda.is_available()
+
+
+def test_what_last_pt_holds(tmp_path):
+    store = ResumeStore(tmp_path / "ckpt", PARAMS, "d1")
+    store.save(TrainState(step=3), tiny(), optimizer={"lr": 0.5})
+    ckpt = torch.load(store.last, weights_only=True)
+    assert ckpt["optimizer"] == {"lr": 0.5} and ckpt["data"] == "d1"
+    assert isinstance(ckpt["rng"], list) and len(ckpt["rng"]) == 1  # this process's state
+    assert torch.equal(ckpt["rng"][0]["torch"], torch.get_rng_state())
+    store.save(TrainState(step=3), tiny(), rng=[{"rank": 0}, {"rank": 1}])
+    assert torch.load(store.last, weights_only=True)["rng"] == [{"rank": 0}, {"rank": 1}]
+
+
+def test_several_changes_are_listed_and_the_folder_is_stamped(tmp_path, capsys):
+    import re
+
+    saved(tmp_path)
+    store = ResumeStore(tmp_path / "ckpt", {"model.d_model": 16, "train.lr": 0.01}, "d1")
+    assert store.load() is None
+    err = capsys.readouterr().err
+    assert ("(params changed: model.d_model 8 -> 16, train.lr 0.001 -> 0.01); moved it to "
+            in err) and err.rstrip().endswith("and starting afresh")
+    assert re.fullmatch(r"ckpt\.old-\d{8}-\d{6}", next(tmp_path.glob("ckpt.old-*")).name)
+
+
+def test_a_missing_or_unnamed_cap_key():
+    assert past_caps({}, {"step": 5}) == ""  # a state without the key has trained none of it
+    assert past_caps({"tokens": 10}, {"tokens": 5}) == \
+        "it has trained past tokens=5 (tokens 10)"
+
+
+def test_the_resolved_precision_is_part_of_the_trajectory():
+    from helpers import train_cfg
+
+    from src.core.params import ModelParams
+    from src.training.resume import trajectory_params
+
+    model = ModelParams(d_model=8, n_heads=2, n_layers=1, ffn_dim=16, dropout=0.0,
+                        pre_norm=True, max_positions=16, tie_embeddings=True,
+                        decoder_layerdrop=0.0, decoder_layers=0)
+    bf16 = trajectory_params(model, train_cfg(precision="auto"), "bf16")
+    assert bf16["train.precision"] == "bf16"
+    assert trajectory_params(model, train_cfg(precision="auto"), "fp32") != bf16
