@@ -426,3 +426,65 @@ def test_a_compressed_body_is_stored_decoded(tmp_path, encoding):
                 % (encoding.encode(), len(body))) + body
     with raw_server(replies(response)) as base:
         assert fetch_to(tmp_path, f"{base}/cmn.txt") == CORPUS
+
+
+def test_credentials_and_queries_are_redacted_and_nothing_else():
+    from src.data.transport import redact
+
+    assert redact("https://user:pw@host.example:8443/a/b.zip?X-Sig=1&e=2#frag") == \
+        "https://***@host.example:8443/a/b.zip?***"
+    assert redact("https://a:b@c@host/x") == "https://***@host/x"  # the last @ ends them
+    assert redact("http://host/plain.zip") == "http://host/plain.zip"
+    assert redact("file:///data/c.zip?x=1") == "file:///data/c.zip?x=1"
+    assert redact("data/cmn.zip") == "data/cmn.zip"
+
+
+def test_local_sources_are_copied_checked_and_named(tmp_path, monkeypatch):
+    from src.core import paths
+    from src.data.transport import fetch, local_path
+
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
+    (tmp_path / "c d.tsv").write_bytes(CORPUS)
+    assert local_path("c d.tsv") == tmp_path / "c d.tsv"  # relative to the project root
+    assert local_path(f"file://{tmp_path}/c%20d.tsv") == tmp_path / "c d.tsv"
+    assert local_path("https://host/x") is None
+    dest = tmp_path / "out"
+    fetch("c d.tsv", dest, 30, len(CORPUS))  # exactly the limit is fine
+    assert dest.read_bytes() == CORPUS
+    with pytest.raises(PipelineError) as info:
+        fetch("c d.tsv", dest, 30, len(CORPUS) - 1)
+    assert str(info.value) == (f"{tmp_path / 'c d.tsv'} is larger than download.max_bytes "
+                               f"({len(CORPUS) - 1:,} bytes); raise it if this is expected")
+    with pytest.raises(PipelineError) as info:
+        fetch("missing.tsv", dest, 30, 10**6)
+    assert str(info.value) == f"no such file {tmp_path / 'missing.tsv'}"
+
+
+def test_network_errors_read_as_one_reason():
+
+    from src.data.transport import _reason
+
+    class Wrapped(Exception):
+        def __init__(self, reason):
+            super().__init__("outer")
+            self.reason = reason
+
+    assert _reason(Wrapped(TimeoutError("timed out"))) == "timed out (timed out)"
+    assert _reason(Wrapped(OSError("Read timed out: read timeout=30"))) == \
+        "timed out (read timeout=30)"
+    assert _reason(ValueError("bad thing")) == "ValueError: bad thing"
+    assert _reason(ValueError("")) == "ValueError: ValueError"
+    assert len(_reason(ValueError("x" * 1000))) == 300
+
+
+def test_a_declared_length_must_be_a_number_and_fit(tmp_path):
+    import re
+
+    from src.data.transport import fetch
+
+    for length, fragment in ((b"12x", "sent a bad Content-Length '12x'"),
+                             (b"5000", "is 5,000 bytes, larger than download.max_bytes (100)")):
+        response = b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\n" + CORPUS
+        with raw_server(replies(response)) as base:
+            with pytest.raises(PipelineError, match=re.escape(fragment)):
+                fetch(f"{base}/c.txt", tmp_path / "out", 30, 100)
