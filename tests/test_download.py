@@ -488,3 +488,18 @@ def test_a_declared_length_must_be_a_number_and_fit(tmp_path):
         with raw_server(replies(response)) as base:
             with pytest.raises(PipelineError, match=re.escape(fragment)):
                 fetch(f"{base}/c.txt", tmp_path / "out", 30, 100)
+
+
+def test_an_unreachable_host_is_one_redacted_line(tmp_path):
+    from tracking_server import free_port
+
+    from src.data.transport import fetch
+
+    url = f"http://user:pw@127.0.0.1:{free_port()}/x.zip?sig=1"
+    with pytest.raises(PipelineError) as info:
+        fetch(url, tmp_path / "out", 30, 100)
+    shown = url.replace("user:pw", "***").replace("sig=1", "***")
+    assert str(info.value) == f"download failed: cannot reach {shown} ([Errno 111] Connection " \
+                              "refused)"
+    assert not (tmp_path / "out").exists() or (tmp_path / "out").read_bytes() == b""
+
