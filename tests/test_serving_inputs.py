@@ -3,6 +3,8 @@ becomes a list of sentences and search settings; what is not is an MLflow 400 na
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -52,3 +54,47 @@ def test_search_params_default_to_the_exports_and_check_their_range():
                 {"max_length": 1001}):
         name = next(iter(bad))
         refused(lambda bad=bad: search_params(bad), f"param {name} must be a whole number")
+
+
+def test_predict_checks_the_request_and_hands_the_translator_its_settings():
+    from src.runtime.serving import TranslationModel
+
+    calls = []
+
+    class Translator:
+        def translate(self, sentences, beam, max_length, batch_size):
+            calls.append((sentences, beam, max_length, batch_size))
+            return [s.upper() for s in sentences]
+
+    model = TranslationModel()
+    model.translator = Translator()
+    assert model.predict(None, ["a", "b"], {"beam": 2}) == ["A", "B"]
+    assert model.predict(None, ["c"]) == ["C"]
+    assert calls == [(["a", "b"], 2, None, 32), (["c"], None, None, 32)]
+    refused(lambda: model.predict(None, []), "no sentences")
+
+
+def test_the_model_declares_its_runtime_and_never_torch():
+    from importlib.metadata import version
+
+    from src.runtime.serving import requirements
+
+    plain, text = requirements(), requirements(text_models=True)
+    names = [r.split("==")[0] for r in plain]
+    assert "torch" not in names and {"sentencepiece", "numpy", "pandas"} <= set(names)
+    assert sum(n in {"onnxruntime", "onnxruntime-gpu"} for n in names) == 1  # never both
+    assert f"sentencepiece=={version('sentencepiece')}" in plain
+    assert text == plain + [f"onnxruntime-extensions=={version('onnxruntime-extensions')}"]
+
+
+def test_the_model_code_folder_holds_exactly_model_code():
+    from src.runtime.serving import MODEL_CODE, model_code
+
+    with model_code() as folder:
+        assert folder.name == "src"
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                       if p.is_file())
+        assert files == sorted(MODEL_CODE)
+        assert (folder / "runtime/serving.py").read_text() == \
+            (Path(__file__).resolve().parents[1] / "src/runtime/serving.py").read_text()
+    assert not folder.exists()  # a temporary folder, removed after logging
