@@ -49,23 +49,19 @@ def copy_renamed(work: Path) -> None:
 
 
 def scores(work: Path) -> dict[str, Counter]:
-    """{module file: Counter(status)} from mutmut's per-file .meta results."""
+    """{module file: Counter(status)} from mutmut's per-file .meta results, named as mutmut
+    names them (`mutmut.stats.status_by_exit_code`)."""
+    from mutmut.stats import status_by_exit_code
+
     out: dict[str, Counter] = {}
     for meta in (work / "mutants").rglob("*.py.meta"):
         data = json.loads(meta.read_text())
         rel = meta.relative_to(work / "mutants").as_posix().removesuffix(".meta")
-        counts = Counter()
-        for code in data.get("exit_code_by_key", {}).values():
-            counts[STATUS.get(code, "killed" if code else "survived")] += 1
+        counts = Counter(status_by_exit_code[code]
+                         for code in data.get("exit_code_by_key", {}).values())
         if counts:
             out[rel.replace(RENAMED, "src", 1)] = counts
     return out
-
-
-# mutmut's exit codes: 0 the tests passed (survived), 1 killed, others see mutmut's docs
-STATUS = {0: "survived", 1: "killed", 3: "killed", 33: "no tests", 34: "skipped",
-          35: "suspicious", 36: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
-          -24: "timeout", -11: "segfault", -9: "killed"}
 
 
 def main() -> int:
