@@ -97,7 +97,7 @@ def main() -> int:
         print(f"{module:32} {killed:5}/{total:<5} killed  {rows[-1]['score']:5.1f}%  "
               f"survived {counts['survived']}, no tests {counts['no tests']}")
     if args.json:
-        args.json.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows},
+        args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "rows": rows},
                                         indent=2) + "\n")
     return run.returncode
 

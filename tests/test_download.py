@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import socket
-import threading
-import time
 import zipfile
-from contextlib import contextmanager
 
 import pytest
 from helpers import assert_one_line_error, run_stage, scratch_root
+from loopback import CORPUS, raw_server, replies
 
 from src.core.errors import PipelineError
-from src.data.transport import _Sink, redirect_target
+from src.data.transport import redirect_target
 
 
 def test_plain_tsv_by_local_path(tmp_path, toy_tsv):
@@ -127,44 +123,6 @@ def test_unknown_param_is_one_line(tmp_path):
 
 # -- HTTP failure paths, against a raw socket server on loopback ------------------------------
 
-@contextmanager
-def raw_server(respond):
-    """Serve `respond(conn, path)` on 127.0.0.1; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-
-    def serve():
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    request = conn.recv(65536).decode("latin-1")
-                    respond(conn, request.split(" ")[1] if " " in request else "/")
-                except OSError:
-                    pass
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        sock.close()
-
-
-def replies(*parts: bytes, delay_s: float = 0.0):
-    def respond(conn, path):
-        for part in parts:
-            conn.sendall(part)
-            time.sleep(delay_s)
-    return respond
-
-
-CORPUS = "".join(f"Sentence {i}.\t第{i}句。\n" for i in range(400)).encode("utf-8")
-
-
 def http_download(tmp_path, url: str, **download):
     root = scratch_root(tmp_path / "p", download={"url": url, **download})
     return root, run_stage(root, "download")
@@ -241,21 +199,6 @@ def test_credentials_and_presigned_queries_are_never_shown(tmp_path):
     assert result.returncode == 0, result.stderr
     recorded = (root / "data/raw/download.json").read_text()
     assert "hunter2" not in recorded and "deadbeef" not in recorded and "***" in recorded
-
-
-def test_a_write_error_is_not_reported_as_a_network_error(tmp_path):
-    sink = _Sink(tmp_path / "payload", limit=10**6, shown="http://x/cmn.zip")
-
-    class FullDisk:
-        def write(self, chunk):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def close(self):
-            pass
-
-    sink.fh = FullDisk()
-    with pytest.raises(PipelineError, match=r"cannot write .*payload: No space left on device"):
-        sink.write(b"data")
 
 
 # -- archives and text ------------------------------------------------------------------------
@@ -346,160 +289,3 @@ def test_sha256_pins_the_corpus(tmp_path, toy_tsv):
     right = hashlib.sha256(toy_tsv.read_bytes()).hexdigest()
     _, result = http_download(tmp_path / "again", str(toy_tsv), sha256=right)
     assert result.returncode == 0, result.stderr
-
-
-# -- transport.fetch in process: statuses, redirects, schemes, stalls, compression -------------
-
-def fetch_to(tmp_path, url: str, timeout_s: float = 30) -> bytes:
-    from src.data.transport import fetch
-
-    dest = tmp_path / "payload"
-    fetch(url, dest, timeout_s, 10**7)
-    return dest.read_bytes()
-
-
-@pytest.mark.parametrize("status", [b"404 Not Found", b"500 Internal Server Error",
-                                    b"204 No Content"])
-def test_a_status_other_than_200_fails_and_names_it(tmp_path, status):
-    response = b"HTTP/1.1 " + status + b"\r\nContent-Length: 3\r\n\r\nabc"
-    with raw_server(replies(response)) as base:
-        with pytest.raises(PipelineError, match=f"download failed: HTTP {status.decode()} for "
-                                                f"{base}/cmn.txt"):
-            fetch_to(tmp_path, f"{base}/cmn.txt")
-
-
-def test_a_redirect_loop_stops_at_the_limit(tmp_path):
-    from src.data.transport import MAX_REDIRECTS
-
-    hops = []
-
-    def respond(conn, path):
-        hops.append(path)
-        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /again%d\r\nContent-Length: 0\r\n\r\n"
-                     % len(hops))
-
-    with raw_server(respond) as base:
-        with pytest.raises(PipelineError,
-                           match=f"more than {MAX_REDIRECTS} redirects from {base}/start"):
-            fetch_to(tmp_path, f"{base}/start")
-    assert len(hops) == MAX_REDIRECTS + 1
-
-
-def test_a_redirect_to_another_scheme_is_refused(tmp_path):
-    def respond(conn, path):
-        conn.sendall(b"HTTP/1.1 301 Moved\r\nLocation: ftp://files.example/cmn.txt\r\n"
-                     b"Content-Length: 0\r\n\r\n")
-
-    with raw_server(respond) as base:
-        with pytest.raises(PipelineError, match="redirects to ftp://files.example/cmn.txt"):
-            fetch_to(tmp_path, f"{base}/cmn.txt")
-
-
-@pytest.mark.parametrize("url", ["ftp://files.example/cmn.zip", "s3://bucket/cmn.zip"])
-def test_an_unsupported_scheme_is_named(tmp_path, url):
-    scheme = url.split(":")[0]
-    with pytest.raises(PipelineError, match=f"unsupported URL scheme '{scheme}'"):
-        fetch_to(tmp_path, url)
-
-
-def test_a_server_that_stops_sending_fails_after_the_stall_limit(tmp_path, monkeypatch):
-    """A read that waits longer than STALL_S (30 s; 0.5 s here) fails well before the total
-    deadline (download.timeout_s, 60 s here)."""
-    from src.data import transport
-
-    monkeypatch.setattr(transport, "STALL_S", 0.5)
-    head = b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n"
-    with raw_server(replies(head, b"x" * 10, b"", delay_s=3)) as base:
-        start = time.monotonic()
-        with pytest.raises(PipelineError, match="timed out"):
-            fetch_to(tmp_path, f"{base}/cmn.txt", timeout_s=60)
-    assert time.monotonic() - start < 2.5
-
-
-@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
-def test_a_compressed_body_is_stored_decoded(tmp_path, encoding):
-    import gzip
-    import zlib
-
-    body = gzip.compress(CORPUS) if encoding == "gzip" else zlib.compress(CORPUS)
-    response = (b"HTTP/1.1 200 OK\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n\r\n"
-                % (encoding.encode(), len(body))) + body
-    with raw_server(replies(response)) as base:
-        assert fetch_to(tmp_path, f"{base}/cmn.txt") == CORPUS
-
-
-def test_credentials_and_queries_are_redacted_and_nothing_else():
-    from src.data.transport import redact
-
-    assert redact("https://user:pw@host.example:8443/a/b.zip?X-Sig=1&e=2#frag") == \
-        "https://***@host.example:8443/a/b.zip?***"
-    assert redact("https://a:b@c@host/x") == "https://***@host/x"  # the last @ ends them
-    assert redact("http://host/plain.zip") == "http://host/plain.zip"
-    assert redact("file:///data/c.zip?x=1") == "file:///data/c.zip?x=1"
-    assert redact("data/cmn.zip") == "data/cmn.zip"
-
-
-def test_local_sources_are_copied_checked_and_named(tmp_path, monkeypatch):
-    from src.core import paths
-    from src.data.transport import fetch, local_path
-
-    monkeypatch.setattr(paths, "ROOT", tmp_path)
-    (tmp_path / "c d.tsv").write_bytes(CORPUS)
-    assert local_path("c d.tsv") == tmp_path / "c d.tsv"  # relative to the project root
-    assert local_path(f"file://{tmp_path}/c%20d.tsv") == tmp_path / "c d.tsv"
-    assert local_path("https://host/x") is None
-    dest = tmp_path / "out"
-    fetch("c d.tsv", dest, 30, len(CORPUS))  # exactly the limit is fine
-    assert dest.read_bytes() == CORPUS
-    with pytest.raises(PipelineError) as info:
-        fetch("c d.tsv", dest, 30, len(CORPUS) - 1)
-    assert str(info.value) == (f"{tmp_path / 'c d.tsv'} is larger than download.max_bytes "
-                               f"({len(CORPUS) - 1:,} bytes); raise it if this is expected")
-    with pytest.raises(PipelineError) as info:
-        fetch("missing.tsv", dest, 30, 10**6)
-    assert str(info.value) == f"no such file {tmp_path / 'missing.tsv'}"
-
-
-def test_network_errors_read_as_one_reason():
-
-    from src.data.transport import _reason
-
-    class Wrapped(Exception):
-        def __init__(self, reason):
-            super().__init__("outer")
-            self.reason = reason
-
-    assert _reason(Wrapped(TimeoutError("timed out"))) == "timed out (timed out)"
-    assert _reason(Wrapped(OSError("Read timed out: read timeout=30"))) == \
-        "timed out (read timeout=30)"
-    assert _reason(ValueError("bad thing")) == "ValueError: bad thing"
-    assert _reason(ValueError("")) == "ValueError: ValueError"
-    assert len(_reason(ValueError("x" * 1000))) == 300
-
-
-def test_a_declared_length_must_be_a_number_and_fit(tmp_path):
-    import re
-
-    from src.data.transport import fetch
-
-    for length, fragment in ((b"12x", "sent a bad Content-Length '12x'"),
-                             (b"5000", "is 5,000 bytes, larger than download.max_bytes (100)")):
-        response = b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\n" + CORPUS
-        with raw_server(replies(response)) as base:
-            with pytest.raises(PipelineError, match=re.escape(fragment)):
-                fetch(f"{base}/c.txt", tmp_path / "out", 30, 100)
-
-
-def test_an_unreachable_host_is_one_redacted_line(tmp_path):
-    from tracking_server import free_port
-
-    from src.data.transport import fetch
-
-    url = f"http://user:pw@127.0.0.1:{free_port()}/x.zip?sig=1"
-    with pytest.raises(PipelineError) as info:
-        fetch(url, tmp_path / "out", 30, 100)
-    shown = url.replace("user:pw", "***").replace("sig=1", "***")
-    assert str(info.value) == f"download failed: cannot reach {shown} ([Errno 111] Connection " \
-                              "refused)"
-    assert not (tmp_path / "out").exists() or (tmp_path / "out").read_bytes() == b""
-

@@ -31,7 +31,8 @@ def test_one_string_is_one_sentence():
 
 
 def test_requests_the_model_cannot_take_are_400s_that_say_why():
-    refused(lambda: as_sentences([]), "no sentences to translate")
+    refused(lambda: as_sentences([]),
+            "^no sentences to translate: send a non-empty list of strings$")
     refused(lambda: as_sentences(pd.DataFrame({"a": ["x"], "b": ["y"]})), "one column")
     refused(lambda: as_sentences({"text": "x"}), "expected a list of sentences, got dict")
     refused(lambda: as_sentences(["ok", 42]), "input 1 is a int, not a string")
@@ -70,7 +71,8 @@ def test_predict_checks_the_request_and_hands_the_translator_its_settings():
     model.translator = Translator()
     assert model.predict(None, ["a", "b"], {"beam": 2}) == ["A", "B"]
     assert model.predict(None, ["c"]) == ["C"]
-    assert calls == [(["a", "b"], 2, None, 32), (["c"], None, None, 32)]
+    assert model.predict(None, ["d"], {"max_length": 40}) == ["D"]
+    assert calls == [(["a", "b"], 2, None, 32), (["c"], None, None, 32), (["d"], None, 40, 32)]
     refused(lambda: model.predict(None, []), "no sentences")
 
 

@@ -116,15 +116,15 @@ def requirements(text_models: bool = False) -> list[str]:
     names = ["onnxruntime-gpu", "onnxruntime", "sentencepiece", "numpy", "pandas"]
     if text_models:
         names.append("onnxruntime-extensions")
-    pins = []
+    installed = {}
     for name in names:
         try:
-            pins.append(f"{name}=={importlib.metadata.version(name)}")
+            installed[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-    if pins[0].startswith("onnxruntime-gpu") and pins[1].startswith("onnxruntime=="):
-        pins.pop(1)  # the GPU build provides the module; both would conflict
-    return pins
+    if "onnxruntime-gpu" in installed:
+        installed.pop("onnxruntime", None)  # the GPU build provides the module; both conflict
+    return [f"{name}=={version}" for name, version in installed.items()]
 
 
 @contextmanager
