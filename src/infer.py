@@ -27,13 +27,13 @@ from src.core.cli import run_cli
 from src.core.errors import PipelineError
 from src.core.text import iter_lines, read_lines
 from src.runtime.generation import (
-    CPU,
     DEFAULT_THREADS,
     MAX_BEAM,
     TextTranslator,
     Translator,
     load_translator,
 )
+from src.runtime.placement import CPU
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -45,9 +45,9 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     translator = load_translator(onnx, tokenizer, provider, threads)
     if isinstance(translator, TextTranslator):
         translator.check_search(beam, max_length)
-    ran = translator.provider
     used = threads or DEFAULT_THREADS
-    print(f"infer: {ran}" + (f", {used} thread{'s' * (used > 1)}" if ran == CPU else ""),
+    on_cpu = translator.provider == CPU
+    print(f"infer: {translator.ran_on}" + (f", {used} thread{'s' * (used > 1)}" if on_cpu else ""),
           file=sys.stderr)
     return translator
 

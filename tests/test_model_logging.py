@@ -98,14 +98,14 @@ def test_one_text_twin_is_enough_to_need_the_extensions(tmp_path, recorder):
     assert recorder.logged["pip_requirements"] == serving.requirements(text_models=True)
 
 
-def test_loading_opens_the_logged_model_and_tokenizer_and_logs_the_provider(monkeypatch,
+def test_loading_opens_the_logged_model_and_tokenizer_and_logs_where_it_runs(monkeypatch,
                                                                             caplog):
     opened = []
 
     def load_translator(model, tokenizer, provider, warn):
         opened.append((model, tokenizer, provider))
         warn("a warning from the runtime")
-        return SimpleNamespace(provider="CPUExecutionProvider")
+        return SimpleNamespace(ran_on="CPUExecutionProvider 152 nodes")
 
     monkeypatch.setattr(serving, "load_translator", load_translator)
     context = SimpleNamespace(artifacts={"model": "/m/model.onnx", "tokenizer": "/m/tokenizer",
@@ -114,10 +114,10 @@ def test_loading_opens_the_logged_model_and_tokenizer_and_logs_the_provider(monk
     with caplog.at_level(logging.INFO, logger="nmt.serving"):
         model.load_context(context)
     assert opened == [(Path("/m/model.onnx"), Path("/m/tokenizer"), "auto")]
-    assert model.translator.provider == "CPUExecutionProvider"
+    assert model.translator.ran_on == "CPUExecutionProvider 152 nodes"
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
         ("nmt.serving", "WARNING", "a warning from the runtime"),
-        ("nmt.serving", "INFO", "nmt: CPUExecutionProvider")]
+        ("nmt.serving", "INFO", "nmt: CPUExecutionProvider 152 nodes")]
 
 
 @pytest.mark.parametrize("installed, expected", [

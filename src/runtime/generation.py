@@ -25,6 +25,8 @@ import numpy as np
 
 from src.core.errors import PipelineError
 from src.data.subword import decode_ids
+from src.runtime import placement
+from src.runtime.placement import CUDA
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
 # A text model (src/text_graph.py): `text` strings (B,) -> `translation` strings (B,), with
@@ -42,7 +44,6 @@ METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
 # batch 32 292 vs 515; fp32 139 vs 185, 438 vs 632, 83 vs 152, 168 vs 263). The fused
 # attention nodes split (batch x heads) over the threads; before them int8 was faster on 1.
 DEFAULT_THREADS = 2
-CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 MAX_BEAM = 128  # ONNX Runtime's BeamSearch refuses larger beams inside session.run
 
 
@@ -86,28 +87,6 @@ def pad_rows(rows: list[list[int]], pad: int) -> np.ndarray:
 
 
 # -- sessions and providers --------------------------------------------------------------------
-def gpu_present() -> bool:
-    """A CUDA device node exists (Linux); elsewhere let the session tell."""
-    if sys.platform != "linux":
-        return True
-    return any(Path("/dev").glob("nvidia[0-9]*"))
-
-
-def providers_for(choice: str) -> list[str]:
-    """The providers to ask for. `auto` asks for CUDA only where it can work: with
-    onnxruntime-gpu and no GPU, asking logs loud errors before falling back to the CPU."""
-    import onnxruntime as ort
-
-    if choice not in {"auto", "cuda", "cpu"}:
-        raise PipelineError(f"provider must be auto, cuda or cpu, not {choice!r}")
-    cuda_ok = CUDA in ort.get_available_providers() and gpu_present()
-    if choice == "cuda" and not cuda_ok:
-        why = "this onnxruntime has no CUDA provider" if CUDA not in \
-            ort.get_available_providers() else "no NVIDIA GPU found"
-        raise PipelineError(f"provider cuda is not available: {why} (use cpu)")
-    return [CUDA, CPU] if cuda_ok and choice in {"auto", "cuda"} else [CPU]
-
-
 def extensions_library() -> str | None:
     """The onnxruntime-extensions operator library (SentencePiece ops of text models)."""
     try:
@@ -136,13 +115,20 @@ def native_stderr_filtered(noise: tuple[str, ...] = ("precompiled_charsmap is em
                     sys.stderr.write(line)
 
 
-def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_THREADS):
+def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_THREADS,
+                 warn: Callable[[str], None] | None = None):
+    """A session of one of our files on the providers `placement` chooses for its kind, with
+    node assignments recorded (`placement.describe`)."""
     import onnxruntime as ort
 
     model_path = Path(model_path)
     if not model_path.is_file():
         raise PipelineError(f"model not found: {model_path} (run `dvc repro export`)")
-    wanted = providers_for(choice)
+    try:
+        kind = placement.FileKind.of(placement.read_metadata(model_path))
+    except PipelineError:  # not readable as ONNX: let ONNX Runtime say what is wrong
+        kind = placement.FileKind("fp32", False)
+    wanted = placement.providers_for(choice, kind, ort.get_available_providers())
     # Where CUDA cannot start, ORT logs errors before falling back; we say it in one line.
     severity = 4 if CUDA in wanted else 3
     ort.set_default_logger_severity(severity)
@@ -150,6 +136,7 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = severity
+    options.add_session_config_entry(placement.RECORD_ASSIGNMENTS, "1")
     library = extensions_library()
     if library is not None:  # text models need its operators; others ignore them
         options.register_custom_ops_library(library)
@@ -161,9 +148,14 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
         if library is None and "ai.onnx.contrib" in str(exc):
             first = "it is a text model and needs `pip install onnxruntime-extensions`"
         raise PipelineError(f"cannot load model {model_path}: {first}") from None
-    if choice == "cuda" and session.get_providers()[0] != CUDA:
-        raise PipelineError("provider cuda: ONNX Runtime could not start CUDA "
-                            "(check the CUDA/cuDNN libraries; use cpu)")
+    if CUDA in wanted and session.get_providers()[0] != CUDA:
+        if choice == "cuda" or kind.weights == "fp16":
+            raise PipelineError("provider cuda: ONNX Runtime could not start CUDA "
+                                "(check the CUDA/cuDNN libraries; use cpu)")
+    if choice == "cuda" and (kind.weights == "int8" or kind.text):
+        warning = placement.fallback_warning(session, model_path.name)
+        if warning:
+            (warn or warn_stderr)(warning)
     return session
 
 
@@ -220,7 +212,13 @@ class LoadedModel:
 
     @property
     def provider(self) -> str:
+        """The provider ONNX Runtime put first (it runs what it can)."""
         return self.session.get_providers()[0]
+
+    @property
+    def ran_on(self) -> str:
+        """Which provider runs how many nodes (`placement.describe`)."""
+        return placement.describe(self.session)
 
 
 @dataclass
@@ -310,7 +308,7 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provide
     checked against the fingerprints recorded at export; a text model carries its own.
     `threads=None`: DEFAULT_THREADS."""
     model_path = Path(model_path)
-    session = open_session(model_path, provider, threads or DEFAULT_THREADS)
+    session = open_session(model_path, provider, threads or DEFAULT_THREADS, warn)
     meta = session.get_modelmeta().custom_metadata_map
     if meta.get("format") == TEXT_FORMAT:
         if tokenizer_dir is not None:

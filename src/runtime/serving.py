@@ -36,7 +36,8 @@ EXAMPLE = ["How are you?"]
 MODEL_CODE = ("__init__.py", "core/__init__.py", "core/errors.py", "core/paths.py",
               "core/special_ids.py",
               "data/__init__.py", "data/subword.py", "runtime/__init__.py",
-              "runtime/generation.py", "runtime/mlflow_model.py", "runtime/serving.py")
+              "runtime/generation.py", "runtime/mlflow_model.py", "runtime/placement.py",
+              "runtime/serving.py")
 
 
 def bad_request(message: str):
@@ -99,7 +100,7 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         self.translator = load_translator(
             Path(context.artifacts["model"]), Path(context.artifacts["tokenizer"]),
             provider="auto", warn=log.warning)
-        log.info("nmt: %s", self.translator.provider)
+        log.info("nmt: %s", self.translator.ran_on)
 
     # The type hints are the signature: MLflow checks requests against them strictly (a number
     # or a null is a 400, not the string "42"), where a column schema would convert them.

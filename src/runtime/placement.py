@@ -1,0 +1,220 @@
+"""Which ONNX Runtime provider runs which of our files, and where its nodes actually ran.
+
+The policy, per file (its metadata says which kind it is, read before any session opens):
+
+* model.onnx (fp32) and its text twin's search: CUDA when it can work (onnxruntime-gpu and an
+  NVIDIA device), else the CPU;
+* model.int8.onnx: the CPU, even with a GPU. Its DynamicQuantizeLinear nodes have no CUDA kernel
+  and CUDA's MatMulInteger takes int8 x int8 only (ours is uint8 x int8), so on CUDA those nodes
+  fall back to the CPU inside the decoder that runs once per generated token, copying
+  activations across the bus each step. `--provider cuda` still forces it, with a warning
+  naming the nodes that fell back;
+* text files (*.text.onnx): the CPU under `auto`. Their SentencePiece and string operators have
+  CPU kernels only, and the Loop that turns ids into strings has not been run on CUDA;
+  `--provider cuda` forces the search onto the GPU (the string operators stay on the CPU);
+* model.fp16.onnx: CUDA only (ONNX Runtime's CPU BeamSearch is float32-only); refused
+  elsewhere with one line.
+
+`describe` reports what ran, from ONNX Runtime's own record of node assignments
+(`session.record_ep_graph_assignment_info`, onnxruntime >= 1.24), instead of the first
+provider's name.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from src.core.errors import PipelineError
+
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+CHOICES = ("auto", "cuda", "cpu")
+RECORD_ASSIGNMENTS = "session.record_ep_graph_assignment_info"
+SHOWN_OPS = 4  # op types named in a fallback line
+
+
+# -- what kind of file ----------------------------------------------------------------------
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(data: bytes):
+    """(field number, wire type, value) of one protobuf message; length-delimited values are
+    bytes, the rest ints."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            value, pos = data[pos: pos + length], pos + length
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, pos = int.from_bytes(data[pos: pos + size], "little"), pos + size
+        else:
+            raise ValueError(f"wire type {wire}")
+        yield field, wire, value
+
+
+METADATA_PROPS = 14  # ModelProto.metadata_props: repeated StringStringEntryProto (key 1, value 2)
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The metadata_props of an ONNX file, without onnx and without loading the graph: the
+    ModelProto's top-level fields are walked and all but metadata_props skipped by length.
+    ONNX writes its fields in number order, so this reads the graph's bytes only to skip them
+    (seek), never parses them."""
+    path = Path(path)
+    props: dict[str, str] = {}
+    try:
+        with path.open("rb") as fh:
+            size = path.stat().st_size
+            while fh.tell() < size:
+                key = _read_varint(fh)
+                field, wire = key >> 3, key & 7
+                if wire == 0:
+                    _read_varint(fh)
+                elif wire in (1, 5):
+                    fh.seek(8 if wire == 1 else 4, 1)
+                elif wire == 2:
+                    length = _read_varint(fh)
+                    if field != METADATA_PROPS:
+                        fh.seek(length, 1)
+                        continue
+                    entry = {f: v for f, w, v in _fields(fh.read(length)) if w == 2}
+                    props[entry.get(1, b"").decode()] = entry.get(2, b"").decode()
+                else:
+                    raise ValueError(f"wire type {wire}")
+            if fh.tell() != size:
+                raise ValueError("a field runs past the end of the file")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"cannot read {path}: not an ONNX model ({exc})") from None
+    return props
+
+
+def _read_varint(fh) -> int:
+    value = shift = 0
+    while True:
+        byte = fh.read(1)
+        if not byte:
+            raise ValueError("truncated varint")
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+
+
+@dataclass(frozen=True)
+class FileKind:
+    weights: str  # "fp32", "int8" or "fp16" (metadata `weights`; absent: fp32)
+    text: bool  # strings in, strings out (metadata `format` nmt-text-1)
+
+    @classmethod
+    def of(cls, meta: dict[str, str]) -> FileKind:
+        return cls(meta.get("weights", "fp32"), meta.get("format", "").startswith("nmt-text"))
+
+
+# -- which providers --------------------------------------------------------------------------
+def gpu_present() -> bool:
+    """A CUDA device node exists (Linux); elsewhere let the session tell."""
+    if sys.platform != "linux":
+        return True
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def cuda_unavailable_reason(available: list[str]) -> str:
+    """Why CUDA cannot run here ("" when it can)."""
+    if CUDA not in available:
+        return "this onnxruntime has no CUDA provider"
+    if not gpu_present():
+        return "no NVIDIA GPU found"
+    return ""
+
+
+def providers_for(choice: str, kind: FileKind, available: list[str]) -> list[str]:
+    """The providers to ask for (see the module docstring); `available` is
+    onnxruntime.get_available_providers()."""
+    if choice not in CHOICES:
+        raise PipelineError(f"provider must be auto, cuda or cpu, not {choice!r}")
+    why_not = cuda_unavailable_reason(available)
+    if kind.weights == "fp16":
+        if choice == "cpu" or why_not:
+            because = "--provider cpu" if choice == "cpu" else why_not
+            raise PipelineError(f"model.fp16.onnx runs on CUDA only ({because}; ONNX Runtime's "
+                                f"CPU search is float32-only): use model.onnx or "
+                                f"model.int8.onnx on the CPU")
+        return [CUDA, CPU]
+    if choice == "cuda":
+        if why_not:
+            raise PipelineError(f"provider cuda is not available: {why_not} (use cpu)")
+        return [CUDA, CPU]
+    if choice == "cpu" or why_not or kind.weights == "int8" or kind.text:
+        return [CPU]
+    return [CUDA, CPU]
+
+
+# -- what ran where ---------------------------------------------------------------------------
+def assignments(session) -> Counter | None:
+    """{(provider, op type): nodes} over the whole file (subgraphs included), from ONNX
+    Runtime's record; None where this onnxruntime cannot report it."""
+    try:
+        subgraphs = session.get_provider_graph_assignment_info()
+    except (AttributeError, RuntimeError):  # older onnxruntime, or recording not enabled
+        return None
+    counts: Counter = Counter()
+    for subgraph in subgraphs:
+        for node in subgraph.get_nodes():
+            counts[subgraph.ep_name, node.op_type] += 1
+    return counts
+
+
+def describe(session) -> str:
+    """`CPUExecutionProvider 152 nodes`, or `CUDAExecutionProvider 148 nodes,
+    CPUExecutionProvider 4 nodes (Shape x3, Gather)`: the CPU's op types named when another
+    provider ran the rest."""
+    counts = assignments(session)
+    if counts is None:
+        return f"{session.get_providers()[0]} (node placement not reported by this onnxruntime)"
+    per_provider: Counter = Counter()
+    for (provider, _), n in counts.items():
+        per_provider[provider] += n
+    parts = []
+    for provider, n in sorted(per_provider.items(), key=lambda item: item[0] == CPU):
+        part = f"{provider} {n} node{'s' * (n != 1)}"
+        if provider == CPU and len(per_provider) > 1:
+            part += f" ({fallback_ops(counts)})"
+        parts.append(part)
+    return ", ".join(parts)
+
+
+def fallback_ops(counts: Counter) -> str:
+    ops = sorted(((n, op) for (provider, op), n in counts.items() if provider == CPU),
+                 reverse=True)
+    shown = [op + (f" x{n}" if n > 1 else "") for n, op in ops[:SHOWN_OPS]]
+    rest = len(ops) - SHOWN_OPS
+    return ", ".join(shown) + (f" and {rest} more op types" if rest > 0 else "")
+
+
+def fallback_warning(session, name: str) -> str:
+    """One line when a file forced onto CUDA runs nodes on the CPU ("" otherwise)."""
+    counts = assignments(session)
+    if counts is None or CUDA not in session.get_providers():
+        return ""
+    on_cpu = sum(n for (provider, _), n in counts.items() if provider == CPU)
+    if not on_cpu:
+        return ""
+    return (f"{name} on CUDA: {on_cpu} of {sum(counts.values())} nodes run on the CPU "
+            f"({fallback_ops(counts)}), with copies between the devices at each step")
