@@ -7,7 +7,8 @@ fingerprints in metadata_props) and its text-in, text-out twin, and verifies bot
 are moved into place (src/graph/verify.py: `onnx.checker`, ONNX Runtime against PyTorch's
 search on the first `export.parity_sentences` test sentences, BLEU on the whole test split).
 With `export.quantize`, models/model.int8.onnx (int8 weights, quantized per subgraph) and its
-twin too.
+twin too; with `export.fp16`, models/model.fp16.onnx (float16 subgraphs, for GPUs: ONNX
+Runtime runs it on CUDA only), whose structure is checked everywhere and parity where CUDA runs.
 
 Writes models/model.onnx and models/model.text.onnx (DVC outs), models/model.int8.onnx and
 models/model.int8.text.onnx (not DVC outs: DVC requires declared outs to exist, and these are
@@ -63,17 +64,18 @@ def check_vocab(model, tok: Tokenizers) -> None:
                             f"not match the model's {sizes[0]}/{sizes[1]}: re-run tokenize+train")
 
 
-def log_run(run, result: dict, files: list[Path], tokenizer_dir: Path,
+def log_run(run, result: dict, files: dict[str, Path | None], tokenizer_dir: Path,
             tok: Tokenizers) -> str | None:
-    """Metrics, and the MLflow model (src/serving.py) as a new registered version."""
+    """Metrics, and the MLflow model (src/runtime/serving.py) as a new registered version;
+    `files`: the path of each precision written ("fp32", "int8", "fp16"), None if not."""
     from src.runtime import serving
 
     run.log_metrics({k: v for k, v in result.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
     run.log_dict(result, "export_metrics.json")
     name = f"nmt-{tok.source_lang}-{tok.target_lang}"
-    int8 = files[1] if len(files) > 1 else None
-    return run.log_model(lambda: serving.log_model(files[0], int8, tokenizer_dir, name))
+    return run.log_model(lambda: serving.log_model(files["fp32"], files["int8"], tokenizer_dir,
+                                                   name, files["fp16"]))
 
 
 @app.command()
@@ -82,6 +84,8 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
          split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits (test is used)."),
          onnx_path: Path = typer.Option(paths.ONNX_MODEL, help="Generation model to write."),
          int8_path: Path = typer.Option(paths.ONNX_INT8_MODEL, help="int8 twin to write."),
+         fp16_path: Path = typer.Option(paths.ONNX_FP16_MODEL,
+                                        help="float16 twin to write (GPUs: runs on CUDA only)."),
          metrics: Path = typer.Option(paths.EXPORT_METRICS, help="Headline JSON (DVC metrics)."),
          stats: Path = typer.Option(paths.EXPORT_STATS, help="Everything about the export, JSON."),
          ) -> None:
@@ -108,14 +112,15 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
             tempfile.TemporaryDirectory(prefix=".export.", dir=onnx_path.parent) as work:
         run.log_datasets(split_dir, {"test": "evaluation"})
         start = time.perf_counter()
-        fp32, int8 = onnx_graph.build(model, metadata, cfg.opset,
-                                      Path(work) if cfg.quantize else None)
+        built = onnx_graph.build(model, metadata, cfg.opset,
+                                 Path(work) if cfg.quantize else None, cfg.fp16)
         result = {"export_seconds": round(time.perf_counter() - start, 1)}
-        result.update(write_verified(fp32, int8, (onnx_path, int8_path), model, tok, part, cfg,
-                                     tokenizer_dir))
+        result.update(write_verified(built.fp32, built.int8, (onnx_path, int8_path), model, tok,
+                                     part, cfg, tokenizer_dir, built.fp16, fp16_path))
         result.update({"test_sentences": len(part), "onnxruntime": _ort_version()})
         write_report(result, stats, metrics, EXPORT_HEADLINE)
-        files = [onnx_path] + ([int8_path] if int8 is not None else [])
+        files = {"fp32": onnx_path, "int8": int8_path if built.int8 is not None else None,
+                 "fp16": fp16_path if built.fp16 is not None else None}
         version = log_run(run, result, files, tokenizer_dir, tok)
     _report(result, version)
 
@@ -134,6 +139,8 @@ def _report(result: dict, version: str | None) -> None:
     if "int8_bleu" in result:
         line += (f"; model.int8.onnx {result['int8_size_mb']} MB, BLEU {result['int8_bleu']}, "
                  f"{result['int8_sentences_per_s']} sent/s")
+    if "fp16_size_mb" in result:
+        line += f"; model.fp16.onnx {result['fp16_size_mb']} MB ({result['fp16_checked']})"
     if version is not None:
         line += f"; registered version {version} (alias candidate)"
     print(line)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -329,10 +331,10 @@ def test_int8_model_runs_through_infer(project):
     result = infer(project, "She sees five rabbits.", model=project / "models/model.int8.onnx")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
-    # the measured best thread count, unless --threads says otherwise
-    assert "infer: CPUExecutionProvider, 2 threads\n" in result.stderr
+    # where its nodes run, and the measured best thread count unless --threads says otherwise
+    assert re.search(r"^infer: CPUExecutionProvider \d+ nodes, 2 threads$", result.stderr, re.M)
     forced = infer(project, "Hi.", "--threads", "1", model=project / "models/model.int8.onnx")
-    assert "infer: CPUExecutionProvider, 1 thread\n" in forced.stderr
+    assert re.search(r"^infer: CPUExecutionProvider \d+ nodes, 1 thread$", forced.stderr, re.M)
 
 
 def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
@@ -356,12 +358,14 @@ def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
     assert all(tok not in (0, BOS, UNK) for row in got for tok in row) and got[0]
 
 
-EXPORTED = ("model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx")
+EXPORTED = ("model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx",
+            "model.fp16.onnx")
 
 
-def write_verified_fails(project, fp32: onnx.ModelProto, int8: onnx.ModelProto, match: str):
-    """`write_verified` of these two graphs over the project's exported files must fail with
-    `match`, and leave the four files as they were."""
+def write_verified_fails(project, fp32: onnx.ModelProto, int8: onnx.ModelProto, match: str,
+                         fp16: onnx.ModelProto | None = None):
+    """`write_verified` of these graphs over the project's exported files must fail with
+    `match`, and leave the five files as they were."""
     from datasets import load_from_disk
 
     from src.core.errors import PipelineError
@@ -376,7 +380,8 @@ def write_verified_fails(project, fp32: onnx.ModelProto, int8: onnx.ModelProto, 
     part = load_from_disk(str(project / "data/tokenized"))["test"]
     with pytest.raises(PipelineError, match=match):
         write_verified(fp32, int8, (models / "model.onnx", models / "model.int8.onnx"), model,
-                       load_tokenizers(models / "tokenizer"), part, cfg, models / "tokenizer")
+                       load_tokenizers(models / "tokenizer"), part, cfg, models / "tokenizer",
+                       fp16, models / "model.fp16.onnx")
     assert {name: (models / name).read_bytes() for name in EXPORTED} == old
     assert not list(models.glob(".*.tmp"))
 
@@ -425,6 +430,74 @@ def test_an_int8_file_that_translates_garbage_is_not_written(project):
     """export.min_int8_agreement: int8_same_as_fp32 used to be computed and never checked."""
     fp32 = onnx.load(str(project / "models/model.onnx"))
     write_verified_fails(project, fp32, garbled(fp32), r"below export.min_int8_agreement 80%")
+
+
+# -- the float16 file for GPUs -----------------------------------------------------------------
+def subgraphs(model: onnx.ModelProto) -> dict[str, onnx.GraphProto]:
+    search = next(n for n in model.graph.node if n.op_type == "BeamSearch")
+    return {a.name: a.g for a in search.attribute if a.type == onnx.AttributeProto.GRAPH}
+
+
+def test_the_fp16_file_is_the_search_in_float16(project):
+    """Same outer inputs and outputs as model.onnx; encoder and decoder wholly float16 (weights,
+    logits, past/present), as ONNX Runtime's BeamSearch on CUDA wants; metadata says so."""
+    fp32 = onnx.load(str(project / "models/model.onnx"))
+    fp16 = onnx.load(str(project / "models/model.fp16.onnx"))
+    onnx.checker.check_model(fp16)
+    assert fp16.graph.input == fp32.graph.input and fp16.graph.output == fp32.graph.output
+    FLOAT, FLOAT16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    for name, graph in subgraphs(fp16).items():
+        types = {t.data_type for t in graph.initializer} | {
+            v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
+        assert FLOAT16 in types and FLOAT not in types, name
+    logits = next(o for o in subgraphs(fp16)["decoder"].output if o.name == "logits")
+    assert logits.type.tensor_type.elem_type == FLOAT16
+    meta = {p.key: p.value for p in fp16.metadata_props}
+    assert (meta["weights"], meta["runs_on"]) == ("fp16", "cuda")
+    assert os.path.getsize(project / "models/model.fp16.onnx") < \
+        os.path.getsize(project / "models/model.onnx")
+    stats = json.loads((project / "models/export_stats.json").read_text())
+    if not Path("/dev/nvidia0").exists():
+        assert stats["fp16_checked"] == "structure"
+
+
+def test_fp16_problems_name_what_breaks_the_contract(project):
+    from onnx import helper, numpy_helper
+
+    from src.graph.verify import fp16_problems
+
+    fp32 = onnx.load(str(project / "models/model.onnx"))
+    fp16 = onnx.load(str(project / "models/model.fp16.onnx"))
+    assert fp16_problems(fp16, fp32) == []
+    broken = onnx.ModelProto()
+    broken.CopyFrom(fp16)
+    decoder = subgraphs(broken)["decoder"]
+    decoder.initializer.append(numpy_helper.from_array(np.zeros(3, np.float32), "left_over"))
+    broken.graph.input[5].type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    helper.set_model_props(broken, {"format": "nmt-beamsearch-1"})
+    problems = fp16_problems(broken, fp32)
+    assert problems[0] == "its graph inputs differ from model.onnx's"
+    assert problems[1].startswith("its metadata is not model.onnx's + weights/runs_on")
+    assert problems[2] == "1 float32 initializers in subgraph decoder (left_over)"
+    unconverted = fp16_problems(fp32, fp32)  # model.onnx itself, as if it were the fp16 file
+    assert unconverted[0].startswith("its metadata is not model.onnx's")
+    assert [p.split(" (")[0].split(" ", 1)[1] for p in unconverted[1:]] == [
+        "float32 initializers in subgraph decoder", "float32 values in subgraph decoder",
+        "float32 initializers in subgraph encoder", "float32 values in subgraph encoder",
+        "float32 initializers in the outer graph"]  # the shared embedding
+
+
+def test_an_fp16_file_that_breaks_the_contract_is_not_written(project):
+    fp32 = onnx.load(str(project / "models/model.onnx"))
+    int8 = onnx.load(str(project / "models/model.int8.onnx"))
+    write_verified_fails(project, fp32, int8, "model.fp16.onnx breaks the search contract: "
+                         "its metadata is not model.onnx's", fp16=fp32)
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="a GPU is present")
+def test_infer_refuses_the_fp16_file_without_a_gpu(project):
+    result = infer(project, "hi", model=project / "models/model.fp16.onnx")
+    assert_one_line_error(result, "model.fp16.onnx runs on CUDA only")
 
 
 # -- text in, text out (src/text_graph.py) ------------------------------------------------------

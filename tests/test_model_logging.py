@@ -59,16 +59,17 @@ def export_dir(tmp_path, *names: str) -> Path:
 def test_every_exported_file_is_logged_and_the_new_version_becomes_the_candidate(tmp_path,
                                                                                   recorder):
     d = export_dir(tmp_path, "model.onnx", "model.int8.onnx", "model.text.onnx",
-                   "model.int8.text.onnx")
+                   "model.int8.text.onnx", "model.fp16.onnx")
     version = serving.log_model(d / "model.onnx", d / "model.int8.onnx", d / "tokenizer",
-                                "nmt-en-zh")
+                                "nmt-en-zh", d / "model.fp16.onnx")
     assert version == "7"
     assert recorder.aliases == [("nmt-en-zh", "candidate", "7")]
     logged = recorder.logged
     assert logged["artifacts"] == {
         "model": str(d / "model.onnx"), "tokenizer": str(d / "tokenizer"),
         "model_int8": str(d / "model.int8.onnx"), "model_text": str(d / "model.text.onnx"),
-        "model_int8_text": str(d / "model.int8.text.onnx")}
+        "model_int8_text": str(d / "model.int8.text.onnx"),
+        "model_fp16": str(d / "model.fp16.onnx")}
     assert logged["pip_requirements"] == serving.requirements(text_models=True)
     assert logged["registered_model_name"] == "nmt-en-zh"
     assert logged["name"] == "translator"
@@ -81,9 +82,11 @@ def test_every_exported_file_is_logged_and_the_new_version_becomes_the_candidate
 
 @pytest.mark.parametrize("int8", ["none", "missing"])
 def test_absent_files_are_not_logged(tmp_path, recorder, int8):
+    """Not asked for (None), or asked for but not written: int8 and fp16 alike."""
     d = export_dir(tmp_path, "model.onnx")
-    serving.log_model(d / "model.onnx", None if int8 == "none" else d / "model.int8.onnx",
-                      d / "tokenizer", "nmt-en-vi")
+    missing = None if int8 == "none" else d / "model.int8.onnx"
+    serving.log_model(d / "model.onnx", missing, d / "tokenizer", "nmt-en-vi",
+                      None if int8 == "none" else d / "model.fp16.onnx")
     assert recorder.logged["artifacts"] == {"model": str(d / "model.onnx"),
                                             "tokenizer": str(d / "tokenizer")}
     assert recorder.logged["pip_requirements"] == serving.requirements(text_models=False)

@@ -198,6 +198,7 @@ class ExportParams(Section):
     section: ClassVar[str] = "export"
     opset: int = Field(ge=18, le=23)  # ONNX opset of the exported subgraphs (dynamo: 18+)
     quantize: bool  # also write models/model.int8.onnx (int8 weights), with its own BLEU
+    fp16: bool  # also write models/model.fp16.onnx (float16, runs on CUDA only)
     parity_sentences: int = Field(gt=0)  # test sentences decoded by both PyTorch and ORT
     beam_size: int = Field(ge=1)  # beam of the parity check; infer's default beam too
     length_penalty: float = Field(ge=0)

@@ -37,6 +37,7 @@ import hashlib
 import io
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -332,14 +333,36 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
     return model
 
 
+def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """One subgraph in float16, inputs and outputs included (ONNX Runtime's BeamSearch wants
+    the decoder's logits and its past/present in one type), by ONNX Runtime's own converter."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with _quiet_export():
+        return convert_float_to_float16(onnx.ModelProto.FromString(model.SerializeToString()),
+                                        keep_io_types=False)
+
+
+@dataclass
+class Built:
+    """The files of one export, as ModelProtos: fp32 always, the others when asked for."""
+
+    fp32: onnx.ModelProto
+    int8: onnx.ModelProto | None = None
+    fp16: onnx.ModelProto | None = None
+
+
 def build(model: Transformer, metadata: dict[str, str], opset: int,
-          int8_work_dir: Path | None = None) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
-    """The fp32 generation model and, given a scratch dir, its int8-weight twin."""
+          int8_work_dir: Path | None = None, fp16: bool = False) -> Built:
+    """The fp32 generation model; given a scratch dir, its int8-weight twin; with `fp16`, its
+    float16 twin for GPUs (`weights: fp16`, `runs_on: cuda` in its metadata)."""
     encoder, decoder = export_subgraphs(model, opset)
-    fp32 = assemble(encoder, decoder, metadata)
-    if int8_work_dir is None:
-        return fp32, None
-    int8 = assemble(quantize_subgraph(encoder, int8_work_dir),
-                    quantize_subgraph(decoder, int8_work_dir),
-                    {**metadata, "weights": "int8"})
-    return fp32, int8
+    built = Built(assemble(encoder, decoder, metadata))
+    if int8_work_dir is not None:
+        built.int8 = assemble(quantize_subgraph(encoder, int8_work_dir),
+                              quantize_subgraph(decoder, int8_work_dir),
+                              {**metadata, "weights": "int8"})
+    if fp16:
+        built.fp16 = assemble(to_fp16(encoder), to_fp16(decoder),
+                              {**metadata, "weights": "fp16", "runs_on": "cuda"})
+    return built

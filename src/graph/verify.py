@@ -26,7 +26,7 @@ from src.nmt.search import (
     max_output_length,
     source_batch,
 )
-from src.runtime import generation
+from src.runtime import generation, placement
 
 SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
 
@@ -98,7 +98,12 @@ def check_graph(path: Path) -> None:
 def verify(path: Path, model, sources: list[list[int]], cfg: ExportParams) -> dict:
     """onnx.checker + PyTorch parity; raises PipelineError when the file is not trustworthy."""
     check_graph(path)
-    result = parity(open_session(path), model, sources, cfg)
+    return check_parity(open_session(path), model, sources, cfg)
+
+
+def check_parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
+    """Greedy must match PyTorch on every row, beam on `export.min_beam_parity` of them."""
+    result = parity(session, model, sources, cfg)
     mismatches = result.pop("mismatches")
     if result["greedy_parity"] < 1.0:
         raise PipelineError(f"greedy parity {result['greedy_parity']:.2%} < 100%: "
@@ -129,11 +134,77 @@ def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
                             f"tokenizer: " + "; ".join(mismatches[:SHOWN_MISMATCHES]))
 
 
+def _graphs(graph: onnx.GraphProto):
+    """A graph and every subgraph under its nodes' attributes, depth first."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attribute.g)
+
+
+def fp16_problems(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> list[str]:
+    """What keeps a float16 file from the search contract: the outer inputs and outputs must be
+    model.onnx's (int32 ids, float penalties, int32 sequences), no float32 tensor may remain
+    inside (BeamSearch on CUDA wants the decoder's logits and past/present in float16), and
+    the metadata must be model.onnx's plus `weights: fp16` and `runs_on: cuda`."""
+    problems = []
+    for side in ("input", "output"):
+        want = [v.SerializeToString() for v in getattr(fp32.graph, side)]
+        if [v.SerializeToString() for v in getattr(fp16.graph, side)] != want:
+            problems.append(f"its graph {side}s differ from model.onnx's")
+    meta = {p.key: p.value for p in fp16.metadata_props}
+    expected = {**{p.key: p.value for p in fp32.metadata_props}, "weights": "fp16",
+                "runs_on": "cuda"}
+    if meta != expected:
+        differing = sorted(set(meta.items()) ^ set(expected.items()))
+        problems.append(f"its metadata is not model.onnx's + weights/runs_on: {differing[:3]}")
+    float32 = onnx.TensorProto.FLOAT
+    for graph in list(_graphs(fp16.graph))[1:]:  # the outer graph's float inputs are the contract
+        tensors = [t.name for t in graph.initializer if t.data_type == float32]
+        values = [v.name for v in [*graph.input, *graph.output, *graph.value_info]
+                  if v.type.tensor_type.elem_type == float32]
+        casts = [n.name or n.output[0] for n in graph.node
+                 if n.op_type == "Cast" and any(a.name == "to" and a.i == float32
+                                                for a in n.attribute)]
+        for what, names in (("float32 initializers", tensors), ("float32 values", values),
+                            ("casts to float32", casts)):
+            if names:
+                problems.append(f"{len(names)} {what} in subgraph {graph.name} "
+                                f"({', '.join(names[:3])})")
+    tensors = [t.name for t in fp16.graph.initializer if t.data_type == float32]
+    if tensors:
+        problems.append(f"{len(tensors)} float32 initializers in the outer graph "
+                        f"({', '.join(tensors[:3])})")
+    return problems
+
+
+def check_fp16(path: Path, fp32_path: Path, model, sources: list[list[int]],
+               cfg: ExportParams) -> dict:
+    """onnx.checker and the structure (`fp16_problems`); parity with PyTorch as for model.onnx
+    where CUDA runs, else skipped with one line (ONNX Runtime runs this file on CUDA only)."""
+    import onnxruntime as ort
+
+    check_graph(path)
+    problems = fp16_problems(onnx.load(path), onnx.load(fp32_path))
+    if problems:
+        raise PipelineError(f"model.fp16.onnx breaks the search contract: {problems[0]}")
+    why_not = placement.cuda_unavailable_reason(ort.get_available_providers())
+    if why_not:
+        print(f"export: model.fp16.onnx structure checked; parity skipped ({why_not}; it runs "
+              f"on CUDA only: scripts/gpu_check.py checks it on a GPU)")
+        return {"fp16_checked": "structure"}
+    result = check_parity(generation.open_session(path, "cuda"), model, sources, cfg)
+    return {"fp16_checked": "structure and parity on CUDA",
+            **{f"fp16_{key}": value for key, value in result.items()}}
+
+
 def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
-                   cfg: ExportParams, tokenizer_dir: Path) -> dict:
-    """Both files and their text twins are written to temporary siblings, checked and scored,
+                   cfg: ExportParams, tokenizer_dir: Path, fp16=None,
+                   fp16_path: Path | None = None) -> dict:
+    """The files and their text twins are written to temporary siblings, checked and scored,
     and only then moved into place together: a failure (say, in the int8 check) leaves the old
-    files untouched, never a new model.onnx beside a stale model.int8.onnx."""
+    files untouched, never a new model.onnx beside a stale model.int8.onnx (or fp16)."""
     onnx_path, int8_path = paths_out
     result: dict = {}
     scores = {}
@@ -157,6 +228,12 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
                     f"{len(part):,} test sentences as model.onnx does, below "
                     f"export.min_int8_agreement {cfg.min_int8_agreement:.0%} (BLEU "
                     f"{scores['int8']['bleu']} vs {scores['fp32']['bleu']}): neither file written")
+        if fp16 is not None:
+            tmp16 = stack.enter_context(atomic_path(fp16_path))
+            onnx.save(fp16, tmp16)
+            result.update(check_fp16(tmp16, tmp, model,
+                                     list(part["source_ids"])[: cfg.parity_sentences], cfg))
+            result["fp16_size_mb"] = round(tmp16.stat().st_size / 1e6, 2)
         sentences = list(part["source"])[: cfg.parity_sentences]
         for name, generation_tmp in written.items():
             final = onnx_path if name == "fp32" else int8_path
@@ -168,6 +245,8 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
     if int8 is None:  # stale int8 files would not match model.onnx
         int8_path.unlink(missing_ok=True)
         paths.text_twin(int8_path).unlink(missing_ok=True)
+    if fp16 is None and fp16_path is not None:  # nor would a stale fp16 file
+        fp16_path.unlink(missing_ok=True)
     for name, score in scores.items():
         score.pop("ids")
         result.update({f"{name}_{key}": value for key, value in score.items()})

@@ -141,14 +141,16 @@ def model_code() -> Iterator[Path]:
 
 
 def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
-              registered_name: str) -> str:
+              registered_name: str, fp16_path: Path | None = None) -> str:
     """Log the pyfunc into the active run, register it, point `candidate` at the new version;
     returns the version."""
     from mlflow import MlflowClient
 
     artifacts = {"model": str(onnx_path), "tokenizer": str(tokenizer_dir)}
-    if int8_path is not None and int8_path.exists():
-        artifacts["model_int8"] = str(int8_path)
+    # the other precisions ride along for clients of the registry (predict runs model.onnx)
+    for key, path in (("model_int8", int8_path), ("model_fp16", fp16_path)):
+        if path is not None and path.exists():
+            artifacts[key] = str(path)
     # the one-file text models, for clients that download the registered version and run it
     # outside Python (predict itself runs model.onnx: it takes `beam` and `max_length`)
     for key, path in (("model_text", onnx_path), ("model_int8_text", int8_path)):
