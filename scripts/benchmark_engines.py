@@ -103,7 +103,8 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--beams", default="1,4")
     parser.add_argument("--batches", default="1,32")
-    parser.add_argument("--precisions", default="fp32,int8")
+    parser.add_argument("--precisions", default="fp32,int8",
+                        help="of fp32, int8, fp16 (fp16: --device cuda only)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: our files on ONNX Runtime's CUDA provider (onnxruntime-gpu) "
                              "and CTranslate2 on the GPU; threads then only feed the CPU side")
@@ -116,8 +117,9 @@ def main() -> None:
     if args.device == "cuda":
         require_gpu()
     tokenizer_dir = args.models / "tokenizer"
-    onnx_files = {"fp32": args.models / "model.onnx", "int8": args.models / "model.int8.onnx"}
-    ct2_types = {"fp32": "float32", "int8": "int8"}
+    onnx_files = {"fp32": args.models / "model.onnx", "int8": args.models / "model.int8.onnx",
+                  "fp16": args.models / "model.fp16.onnx"}  # fp16: CUDA only
+    ct2_types = {"fp32": "float32", "int8": "int8", "fp16": "float16"}
     sources, references = load_test(args.split_dir)
     target_lang = json.loads((tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
     meta = generation.load_translator(onnx_files["fp32"], threads=1).meta

@@ -62,7 +62,8 @@ def main(
     text: str = typer.Argument(None, help="Sentence to translate; '-' or none reads stdin."),
     onnx: Path = typer.Option(Path("models/model.onnx"),
                               help="Model written by src.export: model.onnx, model.int8.onnx "
-                                   "or their text twins (*.text.onnx)."),
+                                   "(CPU), model.fp16.onnx (CUDA only) or the text twins "
+                                   "(*.text.onnx)."),
     tokenizer: Path = typer.Option(None, help="Tokenizer dir (default: tokenizer/ beside it)."),
     input_file: Path = typer.Option(None, "--input", help="Translate this file, in batches."),
     output_file: Path = typer.Option(None, "--output", help="Write translations here."),
@@ -70,7 +71,9 @@ def main(
                              help="Beam size (default: the export's); 1 = greedy."),
     max_length: int = typer.Option(None, min=1, help="Max output tokens (default: as export)."),
     batch_size: int = typer.Option(32, min=1, help="Sentences per session.run (--input)."),
-    provider: str = typer.Option("auto", help="auto (CUDA if it really runs), cuda or cpu."),
+    provider: str = typer.Option("auto", help="auto: CUDA if it really runs, for model.onnx "
+                                 "and model.fp16.onnx; int8 and text files on the CPU. cuda "
+                                 "forces it, cpu avoids it. Where each node ran is printed."),
     threads: int = typer.Option(None, min=1, help="CPU threads of ONNX Runtime (default: "
                                 "2, or 1 for an int8 model: the faster on 2 cores)."),
 ) -> None:

@@ -1,0 +1,264 @@
+"""What a GPU adds, checked on one: run this on a machine with an NVIDIA GPU, onnxruntime-gpu and a
+CUDA build of torch, after the README's install.
+
+    python scripts/gpu_check.py                  # models/ of this checkout (after dvc repro)
+    python scripts/gpu_check.py --build-minutes 4   # or build a model first, in a scratch copy
+
+Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
+
+* placement: which provider runs how many nodes of each file under `auto`, and of the int8 and
+  text files forced onto CUDA (the nodes that fall back to the CPU);
+* parity: model.onnx and model.fp16.onnx on CUDA against PyTorch's search (greedy 100%, beam
+  at least export.min_beam_parity), the text files on CUDA against PyTorch's decoded output;
+* bleu: each file on the test split, on CUDA;
+* speed: scripts/benchmark_engines.py --device cuda, fp32 and fp16 x greedy and beam 4 x batch
+  1 and 32, ours against CTranslate2;
+* train: the same steps of the train stage with `train.precision: auto` (bf16 where the GPU has
+  it, else fp16 with a loss scaler) and fp32: final loss and tokens/s.
+
+Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
+(fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
+itself is tested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from src.core import paths  # noqa: E402
+from src.runtime import placement  # noqa: E402
+
+FILES = ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.text.onnx",
+         "model.int8.text.onnx")
+
+
+def no_gpu_reason() -> str:
+    """Why this machine cannot run the check ("" when it can)."""
+    import onnxruntime as ort
+    import torch
+
+    why = placement.cuda_unavailable_reason(ort.get_available_providers())
+    if why:
+        return why
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device (install a CUDA build of torch)"
+    return ""
+
+
+def build(root: Path, minutes: float) -> Path:
+    """A scratch project from this checkout's params.yaml, trained for `minutes` and exported
+    (the checkout is left as it is); returns its root."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params["train"]["max_minutes"] = minutes
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+    for module in ("download", "split", "tokenize_corpus", "train", "export"):
+        print(f"gpu_check: {module}", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", f"src.{module}"], cwd=REPO, env=env, check=True)
+    return root
+
+
+def placement_rows(models: Path, provider: str) -> list[dict]:
+    from src.runtime import generation
+
+    rows = []
+    for name in FILES:
+        path = models / name
+        if not path.is_file() or (name == "model.fp16.onnx" and provider == "cpu"):
+            continue
+        forced = [provider] if provider == "cpu" else ["auto"] + (
+            ["cuda"] if "int8" in name or "text" in name else [])
+        for choice in forced:
+            warnings: list[str] = []
+            session = generation.open_session(path, choice, warn=warnings.append)
+            rows.append({"check": "placement", "file": name, "provider": choice,
+                         "nodes": placement.describe(session), "warnings": warnings})
+    return rows
+
+
+def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[dict]:
+    """Generation files against PyTorch token for token; text files against PyTorch's output
+    decoded by the tokenizer."""
+    from datasets import load_from_disk
+
+    from src.data.subword import load_tokenizers
+    from src.graph import verify
+    from src.nmt import checkpoint
+    from src.nmt.search import (
+        beam_search,
+        length_sorted_batches,
+        max_output_length,
+        source_batch,
+    )
+    from src.runtime import generation
+
+    model, _ = checkpoint.load_model(models / "model.pt")
+    test = load_from_disk(str(data))["test"]
+    sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
+    rows = []
+    for name in ("model.onnx", "model.fp16.onnx"):
+        if not (models / name).is_file() or (name == "model.fp16.onnx" and provider == "cpu"):
+            continue
+        result = verify.parity(generation.open_session(models / name, provider), model,
+                               sources, cfg)
+        result.pop("mismatches")
+        ok = result["greedy_parity"] == 1.0 and result["beam_parity"] >= cfg.min_beam_parity
+        rows.append({"check": "parity", "file": name, "provider": provider, **result,
+                     "passed": ok})
+    tok = load_tokenizers(models / "tokenizer")
+    expected = [""] * len(sources)
+    for idx in length_sorted_batches(sources, cfg.batch_size):
+        src = source_batch(sources, idx, model.max_positions)
+        hyps = beam_search(model, src, cfg.beam_size, max_output_length(
+            src, cfg.max_length_ratio, model), cfg.length_penalty)
+        for i, text in zip(idx, tok.decode_target(hyps)):
+            expected[i] = text
+    for name in ("model.text.onnx",):
+        if not (models / name).is_file():
+            continue
+        translator = generation.load_translator(models / name, None, provider)
+        got = translator.translate(texts, batch_size=cfg.batch_size)
+        same = sum(a == b for a, b in zip(got, expected)) / max(len(texts), 1)
+        rows.append({"check": "parity", "file": name, "provider": provider,
+                     "parity_sentences": len(texts), "beam_parity": round(same, 4),
+                     "passed": same >= cfg.min_beam_parity})
+    return rows
+
+
+def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
+    from datasets import load_from_disk
+
+    from src.core.scoring import bleu
+    from src.data.subword import load_tokenizers
+    from src.runtime import generation
+
+    test = load_from_disk(str(data))["test"]
+    target_lang = load_tokenizers(models / "tokenizer").target_lang
+    rows = []
+    for name in FILES:
+        path = models / name
+        if not path.is_file() or (name == "model.fp16.onnx" and provider == "cpu"):
+            continue
+        choice = provider if "int8" not in name else "cpu"  # int8 runs on the CPU by design
+        tokenizer = None if "text" in name else models / "tokenizer"
+        translator = generation.load_translator(path, tokenizer, choice, warn=lambda _: None)
+        start = time.perf_counter()
+        hyps = translator.translate(list(test["source"]), batch_size=cfg.batch_size)
+        seconds = time.perf_counter() - start
+        rows.append({"check": "bleu", "file": name, "provider": choice,
+                     "bleu": bleu(hyps, list(test["target"]), target_lang),
+                     "sentences": len(hyps), "sentences_per_s": round(len(hyps) / seconds, 1)})
+    return rows
+
+
+def speed_rows(models: Path, data: Path, work: Path) -> list[dict]:
+    out = work / "engines.json"
+    subprocess.run([sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--device",
+                    "cuda", "--models", str(models), "--split-dir", str(data),
+                    "--precisions", "fp32,fp16", "--threads", "1", "--json", str(out)],
+                   check=True)
+    return [{"check": "speed", **row} for row in json.loads(out.read_text())]
+
+
+def train_rows(root: Path, steps: int, work: Path) -> list[dict]:
+    """The train stage's own code for `steps` steps in auto precision and in fp32."""
+    from src.core.params import ModelParams, TrainParams, load_params
+    from src.training.distributed import World
+    from src.training.fit import train
+
+    params_file = root / "params.yaml"
+    model_params = load_params(ModelParams, path=params_file)
+    base = load_params(TrainParams, path=params_file)
+    rows = []
+    for precision in ("auto", "fp32"):
+        out = work / f"train-{precision}"
+        cfg = base.model_copy(update={"precision": precision, "max_steps": steps,
+                                      "max_minutes": 0, "patience": 0})
+        start = time.perf_counter()
+        train(World(), model_params, cfg, root / "data/tokenized", root / "models/tokenizer",
+              out / "checkpoints", out / "model.pt", (out / "metrics.json", out / "stats.json"),
+              10**9)
+        stats = json.loads((out / "stats.json").read_text())
+        rows.append({"check": "train", "precision": stats.get("precision"), "steps": steps,
+                     "seconds": round(time.perf_counter() - start, 1),
+                     **{k: stats[k] for k in ("final_valid_loss", "valid_bleu",
+                                              "tokens_per_s") if k in stats}})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=paths.ROOT,
+                        help="project whose models/ and data/tokenized are checked")
+    parser.add_argument("--build-minutes", type=float, default=0,
+                        help="first train a model for this long (and export it) in a scratch "
+                             "copy of this checkout, and check that one")
+    parser.add_argument("--sentences", type=int, default=200, help="parity sentences")
+    parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--output", type=Path, default=REPO / "docs/benchmarks/gpu_check.json")
+    parser.add_argument("--rehearse-on-cpu", action="store_true",
+                        help="run the steps on the CPU (no fp16, no engine benchmark): a test "
+                             "of this script, not of a GPU")
+    args = parser.parse_args()
+    if not args.rehearse_on_cpu:
+        why = no_gpu_reason()
+        if why:
+            print(f"gpu_check: no GPU to check here ({why}); run it on a machine with an "
+                  f"NVIDIA GPU, onnxruntime-gpu and a CUDA build of torch", file=sys.stderr)
+            return 1
+    from src.core.params import ExportParams, load_params
+
+    provider = "cpu" if args.rehearse_on_cpu else "cuda"
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        work = Path(tmp)
+        root = build(work / "project", args.build_minutes) if args.build_minutes else args.root
+        models, data = root / "models", root / "data/tokenized"
+        missing = [p for p in (models / "model.pt", models / "model.onnx", data) if not p.exists()]
+        if missing:
+            print(f"gpu_check: {missing[0]} not found: run `dvc repro` first, or pass "
+                  f"--build-minutes 4", file=sys.stderr)
+            return 1
+        cfg = load_params(ExportParams, path=root / "params.yaml")
+        rows = placement_rows(models, provider)
+        rows += parity_rows(models, data, provider, cfg, args.sentences)
+        rows += bleu_rows(models, data, provider, cfg)
+        if not args.rehearse_on_cpu:
+            rows += speed_rows(models, data, work)
+        rows += train_rows(root, args.train_steps, work)
+        shutil.rmtree(work / "project", ignore_errors=True)
+    import platform
+
+    import onnxruntime as ort
+    import torch
+
+    machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+               "onnxruntime": ort.__version__, "provider": provider}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"command": "python " + " ".join(sys.argv),
+                                       "machine": machine, "rows": rows}, indent=2) + "\n")
+    failed = [r for r in rows if r.get("passed") is False]
+    for row in rows:
+        print(json.dumps(row, ensure_ascii=False))
+    print(f"gpu_check: {len(rows)} rows in {args.output}; "
+          + (f"{len(failed)} parity checks FAILED" if failed else "every parity check passed"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""scripts/gpu_check.py, the script a GPU owner runs: on a machine without a GPU it says so in
+one line; its steps are rehearsed on the CPU on a toy project, so the script a GPU owner gets
+has run end to end (only its CUDA provider and the engine benchmark have not)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, TINY_PARAMS, run_stage, set_train_params, tokenize_toy
+
+SCRIPT = REPO / "scripts/gpu_check.py"
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="a GPU is present")
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--output", str(tmp_path / "o.json")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.startswith("gpu_check: no GPU to check here (")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.slow
+def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
+    root = tokenize_toy(tmp_path / "p", **TINY_PARAMS)
+    set_train_params(root, max_steps=150, epochs=100, threads=1)
+    for stage in ("train", "export"):
+        result = run_stage(root, stage)
+        assert result.returncode == 0, result.stderr
+    out = tmp_path / "rows.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--root", str(root),
+         "--sentences", "20", "--train-steps", "4", "--output", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    placed = {r["file"]: r["nodes"] for r in rows if r["check"] == "placement"}
+    assert set(placed) == {"model.onnx", "model.int8.onnx", "model.text.onnx",
+                           "model.int8.text.onnx"}  # fp16: CUDA only
+    assert all(n.startswith("CPUExecutionProvider ") and n.endswith(" nodes")
+               for n in placed.values())
+    parity = {r["file"]: r for r in rows if r["check"] == "parity"}
+    assert parity["model.onnx"]["greedy_parity"] == 1.0 and parity["model.onnx"]["passed"]
+    assert parity["model.text.onnx"]["parity_sentences"] == 20
+    # each file's BLEU is what export measured for it (same translator, same batches)
+    stats = json.loads((root / "models/export_stats.json").read_text())
+    bleu = {r["file"]: r["bleu"] for r in rows if r["check"] == "bleu"}
+    assert bleu["model.onnx"] == stats["fp32_bleu"] and bleu["model.int8.onnx"] == \
+        stats["int8_bleu"]
+    assert bleu["model.text.onnx"] == bleu["model.onnx"]
+    trained = [r for r in rows if r["check"] == "train"]
+    assert [r["precision"] in {"bf16", "fp32"} for r in trained] == [True, True]
+    assert trained[1]["precision"] == "fp32" and all(r["steps"] == 4 for r in trained)
+    assert report["machine"]["provider"] == "cpu"
+    assert "every parity check passed" in result.stdout
