@@ -53,6 +53,27 @@ def test_bf16_asked_for_without_native_bf16_says_so_in_one_line_and_trains_fp32(
     assert "\n" not in warning and "AVX-512 BF16" in warning and "fp32" in warning
 
 
+@pytest.mark.parametrize("requested, gpu_bf16, name, warning", [
+    ("auto", True, "bf16", ""),
+    ("auto", False, "fp16", ""),
+    ("bf16", True, "bf16", ""),
+    ("bf16", False, "fp16",
+     "train.precision bf16: this GPU has no bf16, training in fp16 with a scaler"),
+    ("fp32", True, "fp32", ""),
+])
+def test_on_a_gpu_auto_is_bf16_where_it_has_it_else_fp16_with_a_loss_scaler(
+        monkeypatch, requested, gpu_bf16, name, warning):
+    """The CUDA branch's choice, with the GPU faked (no GPU here): the CPU's features never
+    count on a GPU, and only fp16 needs the gradient scaler."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: gpu_bf16)
+    fake_cpu(monkeypatch, "AMX")  # must not matter
+    precision, said = resolve_precision(requested, torch.device("cuda", 0))
+    assert (precision.name, precision.device_type, said) == (name, "cuda", warning)
+    assert precision.needs_scaler == (name == "fp16")
+    assert precision.autocast_dtype == {"bf16": torch.bfloat16,
+                                        "fp16": torch.float16}.get(name)
+
+
 def test_the_cpu_feature_comes_from_torchs_checks_amx_first(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
