@@ -35,18 +35,70 @@ def small_model(path, metadata: dict[str, str], weight_elements: int = 50_000):
 
 def test_metadata_is_read_as_onnx_reads_it(tmp_path):
     meta = {"format": "nmt-beamsearch-1", "weights": "int8", "target_lang": "zh",
-            "note": "译文 " * 300}  # a value longer than one varint byte can say
+            "note": "译文 " * 300,  # a value longer than one varint byte can say
+            "empty": ""}
     path = small_model(tmp_path / "m.onnx", meta)
     expected = {p.key: p.value for p in onnx.load(path).metadata_props}
     assert placement.read_metadata(path) == expected == meta
 
 
-@pytest.mark.parametrize("content", [b"\x08\x07 this is not a protobuf" * 10, b"\x0a\xff\xff"])
-def test_a_file_that_is_not_onnx_is_one_line(tmp_path, content):
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def entry(key: str, value: str) -> bytes:
+    """A StringStringEntryProto inside ModelProto field 14."""
+    body = b"".join(b"%c" % (number << 3 | 2) + varint(len(text)) + text
+                    for number, text in ((1, key.encode()), (2, value.encode())))
+    return b"\x72" + varint(len(body)) + body  # field 14, wire type 2
+
+
+def test_every_wire_type_is_walked(tmp_path):
+    """Fields of each wire type (varint, 64-bit, 32-bit, length-delimited; varints of one,
+    two and three bytes) before and between the metadata entries are skipped."""
+    message = (b"\x08" + varint(300)  # field 1 varint, two bytes
+               + b"\xa1\x01" + (7).to_bytes(8, "little")  # field 20, 64-bit
+               + b"\xad\x01" + (9).to_bytes(4, "little")  # field 21, 32-bit
+               + entry("a", "x" * 128)  # a length of 128: the varint 0x80 0x01
+               + b"\x3a" + varint(20_000) + b"\0" * 20_000  # field 7 (the graph), 3-byte length
+               + entry("b", "2")
+               + b"\x72\x03\x12\x01v"  # an entry without a key field: the empty key
+               + b"\x72\x03\x0a\x01k")  # one without a value field: the empty value
+    assert list(placement.fields(message))[:3] == [(1, 0, 300), (20, 1, 7), (21, 5, 9)]
+    path = tmp_path / "m.onnx"
+    path.write_bytes(message)
+    assert placement.read_metadata(path) == {"a": "x" * 128, "b": "2", "": "v", "k": ""}
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"\x08", "truncated varint"),
+    (b"\x08\x80", "truncated varint"),
+    (b"\x0a\x05ab", "a field runs past the end"),
+    (b"\x0b", "wire type 3"),
+    (b"\x72\x02\x0a\x05", "a field runs past the end"),  # an entry cut inside the entry
+    (b"", "cannot mmap an empty file"),
+])
+def test_a_file_that_is_not_onnx_is_one_line(tmp_path, content, why):
     path = tmp_path / "bad.onnx"
     path.write_bytes(content)
-    with pytest.raises(PipelineError, match=f"cannot read {path}: not an ONNX model"):
+    with pytest.raises(PipelineError) as info:
         placement.read_metadata(path)
+    assert str(info.value) == f"cannot read {path}: not an ONNX model ({why})"
+
+
+def test_a_gpu_is_a_device_node_on_linux(tmp_path, monkeypatch):
+    monkeypatch.setattr(placement.sys, "platform", "linux")
+    (tmp_path / "nvidiactl").touch()  # the driver's control node alone is no GPU
+    assert not placement.gpu_present(tmp_path)
+    (tmp_path / "nvidia0").touch()
+    assert placement.gpu_present(tmp_path)
+    monkeypatch.setattr(placement.sys, "platform", "win32")
+    assert placement.gpu_present(tmp_path / "none")  # elsewhere the session tells
 
 
 def test_the_kind_comes_from_the_metadata():
@@ -54,6 +106,7 @@ def test_the_kind_comes_from_the_metadata():
     assert FileKind.of({"format": "nmt-beamsearch-1", "weights": "int8"}) == INT8
     assert FileKind.of({"format": "nmt-text-1", "weights": "int8"}) == INT8_TEXT
     assert FileKind.of({"format": "nmt-beamsearch-1", "weights": "fp16"}) == FP16
+    assert FileKind.of({}) == FP32
 
 
 @pytest.fixture
@@ -121,13 +174,15 @@ class FakeSession:
 
 
 def test_the_report_counts_nodes_per_provider_and_names_what_fell_back():
-    session = FakeSession({CUDA: ["MatMul"] * 100 + ["Add"] * 40,
-                           CPU: ["Shape"] * 3 + ["Gather", "DynamicQuantizeLinear",
-                                                 "DynamicQuantizeLinear", "Cast", "Squeeze"]})
+    session = FakeSession({CPU: ["Shape"] * 3 + ["Gather", "DynamicQuantizeLinear",
+                                                 "DynamicQuantizeLinear", "Cast", "Squeeze"],
+                           CUDA: ["MatMul"] * 100 + ["Add"] * 40})  # CPU first: CUDA leads
     assert placement.describe(session) == (
         "CUDAExecutionProvider 140 nodes, CPUExecutionProvider 8 nodes (Shape x3, "
         "DynamicQuantizeLinear x2, Squeeze, Gather and 1 more op types)")
     assert placement.describe(FakeSession({CPU: ["Add"]}, [CPU])) == "CPUExecutionProvider 1 node"
+    four = FakeSession({CUDA: ["MatMul"], CPU: ["Shape", "Gather", "Cast", "Squeeze"]})
+    assert placement.describe(four).endswith("(Squeeze, Shape, Gather, Cast)")  # no "0 more"
     assert placement.describe(FakeSession(None, [CPU])) == \
         "CPUExecutionProvider (node placement not reported by this onnxruntime)"
 

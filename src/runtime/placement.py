@@ -22,6 +22,7 @@ provider's name.
 
 from __future__ import annotations
 
+import mmap
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -36,10 +37,14 @@ SHOWN_OPS = 4  # op types named in a fallback line
 
 
 # -- what kind of file ----------------------------------------------------------------------
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+METADATA_PROPS = 14  # ModelProto.metadata_props: repeated StringStringEntryProto (key 1, value 2)
+
+
+def _varint(data, pos: int, end: int) -> tuple[int, int]:
+    """The base-128 varint at data[pos] (before `end`); (value, position after it)."""
     value = shift = 0
     while True:
-        if pos >= len(data):
+        if pos >= end:
             raise ValueError("truncated varint")
         byte = data[pos]
         value |= (byte & 0x7F) << shift
@@ -49,72 +54,46 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes):
-    """(field number, wire type, value) of one protobuf message; length-delimited values are
-    bytes, the rest ints."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
+def fields(data, start: int = 0, end: int | None = None):
+    """(field number, wire type, value) of the protobuf message in data[start:end]: ints for
+    varint and fixed-size fields, (start, end) offsets into `data` for length-delimited ones,
+    so that a large field (the graph) is skipped, never copied."""
+    pos, end = start, len(data) if end is None else end
+    while pos < end:
+        key, pos = _varint(data, pos, end)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            value, pos = _varint(data, pos)
+            value, pos = _varint(data, pos, end)
         elif wire == 2:
-            length, pos = _varint(data, pos)
-            value, pos = data[pos: pos + length], pos + length
+            length, pos = _varint(data, pos, end)
+            value, pos = (pos, pos + length), pos + length
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
             value, pos = int.from_bytes(data[pos: pos + size], "little"), pos + size
         else:
             raise ValueError(f"wire type {wire}")
+        if pos > end:
+            raise ValueError("a field runs past the end")
         yield field, wire, value
 
 
-METADATA_PROPS = 14  # ModelProto.metadata_props: repeated StringStringEntryProto (key 1, value 2)
-
-
 def read_metadata(path: Path) -> dict[str, str]:
-    """The metadata_props of an ONNX file, without onnx and without loading the graph: the
-    ModelProto's top-level fields are walked and all but metadata_props skipped by length.
-    ONNX writes its fields in number order, so this reads the graph's bytes only to skip them
-    (seek), never parses them."""
+    """The metadata_props of an ONNX file, without onnx and without parsing the graph: the
+    file is mapped into memory and the ModelProto's top-level fields are walked, the graph
+    skipped by its length (its pages are never read)."""
     path = Path(path)
     props: dict[str, str] = {}
     try:
-        with path.open("rb") as fh:
-            size = path.stat().st_size
-            while fh.tell() < size:
-                key = _read_varint(fh)
-                field, wire = key >> 3, key & 7
-                if wire == 0:
-                    _read_varint(fh)
-                elif wire in (1, 5):
-                    fh.seek(8 if wire == 1 else 4, 1)
-                elif wire == 2:
-                    length = _read_varint(fh)
-                    if field != METADATA_PROPS:
-                        fh.seek(length, 1)
-                        continue
-                    entry = {f: v for f, w, v in _fields(fh.read(length)) if w == 2}
-                    props[entry.get(1, b"").decode()] = entry.get(2, b"").decode()
-                else:
-                    raise ValueError(f"wire type {wire}")
-            if fh.tell() != size:
-                raise ValueError("a field runs past the end of the file")
+        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for field, wire, value in fields(data):
+                if field != METADATA_PROPS or wire != 2:
+                    continue
+                entry = {key: data[slice(*span)].decode()
+                         for key, kind, span in fields(data, *value) if kind == 2}
+                props[entry.get(1, "")] = entry.get(2, "")
     except (ValueError, UnicodeDecodeError) as exc:
         raise PipelineError(f"cannot read {path}: not an ONNX model ({exc})") from None
     return props
-
-
-def _read_varint(fh) -> int:
-    value = shift = 0
-    while True:
-        byte = fh.read(1)
-        if not byte:
-            raise ValueError("truncated varint")
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return value
-        shift += 7
 
 
 @dataclass(frozen=True)
@@ -128,11 +107,12 @@ class FileKind:
 
 
 # -- which providers --------------------------------------------------------------------------
-def gpu_present() -> bool:
-    """A CUDA device node exists (Linux); elsewhere let the session tell."""
+def gpu_present(devices: Path = Path("/dev")) -> bool:
+    """A CUDA device node (`/dev/nvidia0`, ...) exists on Linux; elsewhere let the session
+    tell."""
     if sys.platform != "linux":
         return True
-    return any(Path("/dev").glob("nvidia[0-9]*"))
+    return any(devices.glob("nvidia[0-9]*"))
 
 
 def cuda_unavailable_reason(available: list[str]) -> str:
