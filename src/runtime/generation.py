@@ -127,7 +127,7 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
     try:
         kind = placement.FileKind.of(placement.read_metadata(model_path))
     except PipelineError:  # not readable as ONNX: let ONNX Runtime say what is wrong
-        kind = placement.FileKind("fp32", False)
+        kind = placement.FileKind.of({})
     wanted = placement.providers_for(choice, kind, ort.get_available_providers())
     # Where CUDA cannot start, ORT logs errors before falling back; we say it in one line.
     severity = 4 if CUDA in wanted else 3
