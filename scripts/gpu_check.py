@@ -98,12 +98,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     from src.data.subword import load_tokenizers
     from src.graph import verify
     from src.nmt import checkpoint
-    from src.nmt.search import (
-        beam_search,
-        length_sorted_batches,
-        max_output_length,
-        source_batch,
-    )
+    from src.nmt.search import translate_ids
     from src.runtime import generation
 
     model, _ = checkpoint.load_model(models / "model.pt")
@@ -120,13 +115,8 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
         rows.append({"check": "parity", "file": name, "provider": provider, **result,
                      "passed": ok})
     tok = load_tokenizers(models / "tokenizer")
-    expected = [""] * len(sources)
-    for idx in length_sorted_batches(sources, cfg.batch_size):
-        src = source_batch(sources, idx, model.max_positions)
-        hyps = beam_search(model, src, cfg.beam_size, max_output_length(
-            src, cfg.max_length_ratio, model), cfg.length_penalty)
-        for i, text in zip(idx, tok.decode_target(hyps)):
-            expected[i] = text
+    expected = tok.decode_target(translate_ids(model, sources, cfg.beam_size, cfg.length_penalty,
+                                               cfg.max_length_ratio, cfg.batch_size))
     for name in ("model.text.onnx",):
         if not (models / name).is_file():
             continue

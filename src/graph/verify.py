@@ -179,14 +179,15 @@ def fp16_problems(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> list[str]:
     return problems
 
 
-def check_fp16(path: Path, fp32_path: Path, model, sources: list[list[int]],
-               cfg: ExportParams) -> dict:
-    """onnx.checker and the structure (`fp16_problems`); parity with PyTorch as for model.onnx
-    where CUDA runs, else skipped with one line (ONNX Runtime runs this file on CUDA only)."""
+def check_fp16(path: Path, fp16: onnx.ModelProto, fp32: onnx.ModelProto, model,
+               sources: list[list[int]], cfg: ExportParams) -> dict:
+    """onnx.checker on the written file and the structure (`fp16_problems`); parity with
+    PyTorch as for model.onnx where CUDA runs, else skipped with one line (ONNX Runtime runs
+    this file on CUDA only)."""
     import onnxruntime as ort
 
     check_graph(path)
-    problems = fp16_problems(onnx.load(path), onnx.load(fp32_path))
+    problems = fp16_problems(fp16, fp32)
     if problems:
         raise PipelineError(f"model.fp16.onnx breaks the search contract: {problems[0]}")
     why_not = placement.cuda_unavailable_reason(ort.get_available_providers())
@@ -231,7 +232,7 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
         if fp16 is not None:
             tmp16 = stack.enter_context(atomic_path(fp16_path))
             onnx.save(fp16, tmp16)
-            result.update(check_fp16(tmp16, tmp, model,
+            result.update(check_fp16(tmp16, fp16, fp32, model,
                                      list(part["source_ids"])[: cfg.parity_sentences], cfg))
             result["fp16_size_mb"] = round(tmp16.stat().st_size / 1e6, 2)
         sentences = list(part["source"])[: cfg.parity_sentences]
