@@ -144,7 +144,8 @@ def test_export_writes_a_verified_single_file(project):
         path = project / "models" / name
         onnx.checker.check_model(str(path))
         graph = onnx.load(str(path)).graph
-        assert [n.op_type for n in graph.node][-1] == "BeamSearch"  # search inside the file
+        assert [n.op_type for n in graph.node][-1] == "If"  # search inside the file
+        assert onnx_graph.beam_search_node(graph).op_type == "BeamSearch"
     assert not list((project / "models").glob(".*"))  # no temporary file left behind
 
 
@@ -165,7 +166,7 @@ def test_metadata_and_inputs_follow_the_contract(project):
 def decoder_subgraph(path: Path) -> tuple[onnx.GraphProto, dict[str, list[int]]]:
     """The BeamSearch node's decoder graph and the shapes of the initializers it can read."""
     model = onnx.load(str(path))
-    search = next(n for n in model.graph.node if n.op_type == "BeamSearch")
+    search = onnx_graph.beam_search_node(model.graph)
     decoder = next(a.g for a in search.attribute if a.name == "decoder")
     shapes = {t.name: list(t.dims) for t in [*model.graph.initializer, *decoder.initializer]}
     return decoder, shapes
@@ -235,6 +236,63 @@ def test_max_length_cuts_output_like_pytorch(project):
     for max_len in (1, 3):
         assert generation.run_search(sess, src.numpy(), max_len, 1, 1.0) == \
             greedy_search(model, src, max_len)
+
+
+# -- the search Loop (src/graph/search_loop.py) --------------------------------------------------
+def test_search_loop_decodes_as_the_beamsearch_operator_and_pytorch(project, tmp_path):
+    """The Loop that drops finished sentences against ORT's own BeamSearch (the same subgraphs
+    assembled with search="operator") and src.nmt.search: batches of mixed lengths, fp32 and
+    int8, greedy with and without min_length forcing the length, beam 3."""
+    from datasets import load_from_disk
+
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    encoder, decoder = onnx_graph.export_subgraphs(model, 18)
+    int8 = (onnx_graph.quantize_subgraph(encoder, tmp_path),
+            onnx_graph.quantize_subgraph(decoder, tmp_path))
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])
+    same_beam = total_beam = 0
+    for name, pair in (("fp32", (encoder, decoder)), ("int8", int8)):
+        sessions = {}
+        for search in ("loop", "operator"):
+            path = tmp_path / f"{name}_{search}.onnx"
+            onnx.save(onnx_graph.assemble(*pair, {}, search=search), path)
+            sessions[search] = session(path)
+        for start in range(0, len(sources), 16):
+            src = pad([clip_source(r, MAX_POSITIONS) for r in sources[start: start + 16]])
+            max_len = max_output_length(src, 2.0, model)
+            for beam, min_length in ((1, 0), (1, max_len + 1), (3, 0), (3, 4)):
+                feeds = generation.search_feeds(src.numpy(), max_len, beam, 1.0)
+                feeds["min_length"][:] = min_length  # + 1 above: the BOS start token counts
+                loop, operator = (generation.parse_sequences(sessions[k].run(None, feeds)[0], 0)
+                                  for k in ("loop", "operator"))
+                if beam == 1:
+                    assert loop == operator, (name, start, min_length)
+                    assert min_length == 0 or {len(row) for row in loop} == {max_len}
+                else:
+                    same_beam += sum(a == b for a, b in zip(loop, operator))
+                    total_beam += len(loop)
+            if name == "fp32":
+                assert generation.run_search(sessions["loop"], src.numpy(), max_len, 1, 1.0) \
+                    == greedy_search(model, src, max_len)
+                got = generation.run_search(sessions["loop"], src.numpy(), max_len, 3, 1.0)
+                assert got == beam_search(model, src, 3, max_len), start
+    assert same_beam >= 0.95 * total_beam
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_one_long_and_31_short_sentences_translate_as_one_by_one(project, beam):
+    """A batch whose rows finish at very different steps: the rows that end early are dropped
+    (greedy) or wait (beam), and no row's translation depends on the others."""
+    from datasets import load_from_disk
+
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])
+    by_length = sorted(sources, key=len)
+    batch = by_length[:31] + by_length[-1:]
+    translator = generation.load_translator(project / "models/model.onnx", threads=1)
+    together = translator.translate(batch, beam, batch_size=32)
+    alone = [translator.translate([line], beam, batch_size=1)[0] for line in batch]
+    assert together == alone
+    assert len(set(together)) > 20  # real, different translations
 
 
 def test_infer_translates_a_sentence_argument(project):
@@ -434,7 +492,7 @@ def test_an_int8_file_that_translates_garbage_is_not_written(project):
 
 # -- the float16 file for GPUs -----------------------------------------------------------------
 def subgraphs(model: onnx.ModelProto) -> dict[str, onnx.GraphProto]:
-    search = next(n for n in model.graph.node if n.op_type == "BeamSearch")
+    search = onnx_graph.beam_search_node(model.graph)
     return {a.name: a.g for a in search.attribute if a.type == onnx.AttributeProto.GRAPH}
 
 
@@ -481,10 +539,9 @@ def test_fp16_problems_name_what_breaks_the_contract(project):
     assert problems[2] == "1 float32 initializers in subgraph decoder (left_over)"
     unconverted = fp16_problems(fp32, fp32)  # model.onnx itself, as if it were the fp16 file
     assert unconverted[0].startswith("its metadata is not model.onnx's")
-    assert [p.split(" (")[0].split(" ", 1)[1] for p in unconverted[1:]] == [
-        "float32 initializers in subgraph decoder", "float32 values in subgraph decoder",
-        "float32 initializers in subgraph encoder", "float32 values in subgraph encoder",
-        "float32 initializers in the outer graph"]  # the shared embedding
+    kinds = {p.split(" (")[0].split(" ", 1)[1] for p in unconverted[1:]}
+    assert {"float32 values in subgraph decoder", "float32 values in subgraph encoder",
+            "float32 initializers in the outer graph"} <= kinds  # model.onnx's weights are there
 
 
 def test_an_fp16_file_that_breaks_the_contract_is_not_written(project):
@@ -512,7 +569,8 @@ def test_text_model_takes_strings_and_returns_strings(project):
     assert [(o.name, o.type.tensor_type.elem_type) for o in graph.output] == [
         ("translation", onnx.TensorProto.STRING)]
     ops = [n.op_type for n in graph.node]
-    assert ops[0] == "SentencepieceTokenizer" and "BeamSearch" in ops and "Loop" in ops
+    assert ops[0] == "SentencepieceTokenizer" and "If" in ops and "Loop" in ops
+    assert onnx_graph.beam_search_node(graph).op_type == "BeamSearch"
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["format"] == generation.TEXT_FORMAT and meta["beam_size"] == "3"
 

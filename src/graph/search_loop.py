@@ -1,0 +1,365 @@
+"""Beam search (and greedy, its one-beam case) as an ONNX `Loop` whose batch shrinks.
+
+ONNX Runtime's BeamSearch operator decodes every sentence of a batch until the longest is done;
+on the test split sorted into batches of 32, a third of the decoder's row-steps went to
+sentences that had already ended (docs/engines.md). This graph runs the same encoder and
+decoder-step nodes (exported by src/graph/onnx_graph.py), and after each step drops the
+sentences that are done (`Compress` on every per-row state: the self-attention cache, the
+cross-attention keys and values, the source mask, the hypotheses), writing each sentence's best
+hypothesis into the output by its original index. Same inputs and the same output as the
+BeamSearch node: `sequences` (B, 1, T) with BOS, the tokens, then PAD (EOS is not written).
+
+The search is `src.nmt.search.beam_search`, step for step: the 2K best continuations of a
+sentence's K beams; an EOS among the first K finishes a hypothesis (score / length**penalty,
+length counting the EOS); the first K others go on; a sentence is done when it holds K finished
+hypotheses; at the length limit its live beams compete too. Ties go to the earlier candidate,
+as there. With one beam this is greedy search. `min_length` bans EOS before that length (BOS
+counted), as ONNX Runtime's operator does.
+
+The weights stay where ONNX Runtime pre-packs them: the encoder's in the graph that runs it,
+the decoder's one scope above the Loop body (it looks up one level for constant initializers;
+two levels up, its int8 products ran 1.85x slower in the profile).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from src.core.special_ids import BOS, EOS, PAD
+
+INT64, INT32, FLOAT, BOOL = TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT, TensorProto.BOOL
+
+
+def inline(graph: onnx.GraphProto, prefix: str, inputs: dict[str, str],
+           keep: set[str]) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    """`graph`'s nodes with every value name prefixed, its inputs wired to `inputs` and names
+    in `keep` (initializers) unchanged; returns the nodes and graph output -> new name."""
+    def rename(name: str) -> str:
+        if not name or name in keep:
+            return name
+        return inputs.get(name, prefix + name)
+
+    nodes = []
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = prefix + node.name if node.name else ""
+        copy.input[:] = [rename(n) for n in node.input]
+        copy.output[:] = [rename(n) for n in node.output]
+        nodes.append(copy)
+    return nodes, {o.name: rename(o.name) for o in graph.output}
+
+
+class Nodes:
+    """A node list with short constructors: `n.op("Add", a, b)` returns the output name."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.nodes, self.count = prefix, [], 0
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        self.count += 1
+        name = out or f"{self.prefix}{op_type.lower()}_{self.count}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [name], **attrs))
+        return name
+
+    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs) -> list[str]:
+        self.count += 1
+        names = [f"{self.prefix}{op_type.lower()}_{self.count}_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
+        return names
+
+    def const(self, dtype: int, values: list, dims: list[int] | None = None) -> str:
+        self.count += 1
+        name = f"{self.prefix}const_{self.count}"
+        self.nodes.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(
+            name, dtype, [len(values)] if dims is None else dims, values)))
+        return name
+
+
+def branch(b: Nodes, outputs: dict[str, tuple[str, int]]) -> onnx.GraphProto:
+    """An If branch of `b`'s nodes; `outputs` maps a label to (value name, element type)."""
+    return helper.make_graph(b.nodes, b.prefix.strip("/").replace("/", "_"), [], [
+        helper.make_tensor_value_info(name, dtype, None) for name, dtype in outputs.values()])
+
+
+def _state_names(n_layers: int) -> tuple[list[str], list[str]]:
+    selfs = [f"past_{kv}_self_{i}" for i in range(n_layers) for kv in ("key", "value")]
+    crosses = [f"past_{kv}_cross_{i}" for i in range(n_layers) for kv in ("key", "value")]
+    return selfs, crosses
+
+
+def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
+          outer: dict[str, str]) -> onnx.GraphProto:
+    """One step for the sentences still open. `outer` names values of the enclosing graph:
+    beams, two_beams, first_beams (2K,) bool, beam_shape [-1, K, V], flat_shape [-1, K*V],
+    rows_shape [-1, K], max_new (1,), min_length, length_penalty (scalars)."""
+    p = "step/"
+    selfs, crosses = _state_names(n_layers)
+    carried = ["sents", "tokens", "scores", "history", "best", "count", "out", *selfs, *crosses,
+               "mask"]
+    names = {c: p + c for c in carried}
+    wiring = {"input_ids": names["tokens"], "encoder_attention_mask": names["mask"],
+              **{c: names[c] for c in selfs + crosses}}
+    step_nodes, produced = inline(decoder, p + "decoder/", wiring, keep)
+    float_types = {v.name: v.type.tensor_type.elem_type for v in decoder.input}
+    n = Nodes(p)
+    n.nodes.extend(step_nodes)
+    it = p + "iteration"
+    zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
+    axis_1 = n.const(INT64, [1])
+    minus_inf = n.const(FLOAT, [float("-inf")], [])
+
+    # Log-probabilities of every continuation of every beam, EOS banned before min_length.
+    logp = n.op("LogSoftmax", produced["logits"], axis=-1)                    # (NK, 1, V)
+    length = n.op("Add", it, one)  # generated tokens including this one
+    banned = n.op("Less", length, outer["min_length"])
+    eos_ban = n.const(FLOAT, [float("-inf") if i == EOS else 0.0 for i in range(vocab)])
+    no_ban = n.const(FLOAT, [0.0] * vocab)
+    logp = n.op("Add", logp, n.op("Where", banned, eos_ban, no_ban))
+    beams = n.op("Reshape", logp, outer["beam_shape"])                        # (N, K, V)
+    scores = n.op("Unsqueeze", names["scores"], n.const(INT64, [2]))          # (N, K, 1)
+    candidates = n.op("Reshape", n.op("Add", beams, scores), outer["flat_shape"])  # (N, KV)
+    top_scores, top_ids = n.ops("TopK", [candidates, outer["two_beams"]], 2, axis=1)
+    vocab_c = n.const(INT64, [vocab], [])
+    source_beam = n.op("Div", top_ids, vocab_c)                               # (N, 2K)
+    token = n.op("Mod", top_ids, vocab_c)
+    is_eos = n.op("Equal", token, n.const(INT64, [EOS], []))
+
+    # Finished hypotheses: EOS among the first K, finite. Keep the best per sentence; the
+    # bookkeeping runs only in steps where some hypothesis finishes.
+    finite = n.op("Not", n.op("IsInf", top_scores, detect_positive=0))
+    finished = n.op("And", n.op("And", is_eos, outer["first_beams"]), finite)
+    new_finished = n.op("ReduceSum", n.op("Cast", finished, to=INT64), axis_1, keepdims=0)
+    count = n.op("Add", names["count"], new_finished)                         # (N,)
+    n_open = n.op("Shape", names["sents"])                                    # (1,)
+    base = n.op("Mul", n.op("Range", zero, n.op("Squeeze", n_open), one), outer["beams"])
+    some_finished = n.op("Greater", n.op("ReduceSum", new_finished, keepdims=0), zero)
+    f = Nodes(p + "finish/")
+    penalty = f.op("Pow", f.op("Cast", length, to=FLOAT), outer["length_penalty"])
+    normalized = f.op("Where", finished, f.op("Div", top_scores, penalty), minus_inf)
+    step_best = f.op("ReduceMax", normalized, axis_1, keepdims=0)             # (N,)
+    step_rank = f.op("ArgMax", normalized, axis=1, keepdims=1)                # (N, 1), first
+    better = f.op("Greater", step_best, names["best"])
+    finished_row = f.op("Add", f.op("Squeeze", f.op("GatherElements", source_beam, step_rank,
+                                                    axis=1), axis_1), base)
+    hypothesis = f.op("Gather", names["history"], finished_row, axis=0)       # (N, t)
+    finish = branch(f, {"best": (f.op("Where", better, step_best, names["best"]), FLOAT),
+                        "out": (write_best(f, names["out"], names["sents"], hypothesis, better,
+                                           it, outer["max_new"]), INT32)})
+    keep_as_is = Nodes(p + "unfinished/")
+    unchanged = branch(keep_as_is, {k: (keep_as_is.op("Identity", names[k]), t)
+                                    for k, t in (("best", FLOAT), ("out", INT32))})
+    best, out = n.ops("If", [some_finished], 2, then_branch=finish, else_branch=unchanged)
+
+    # The next beams: the first K continuations that are not EOS, in rank order (TopK keeps
+    # the lower index first among equal scores).
+    live_scores = n.op("Where", is_eos, minus_inf, top_scores)
+    next_scores, columns = n.ops("TopK", [live_scores, outer["beams_1"]], 2, axis=1)
+    next_beam = n.op("GatherElements", source_beam, columns, axis=1)          # (N, K)
+    next_token = n.op("Cast", n.op("GatherElements", token, columns, axis=1), to=INT32)
+    order = n.op("Add", next_beam, n.op("Unsqueeze", base, axis_1))           # (N, K) rows
+
+    # Sentences with K finished hypotheses are done: drop them (only in steps where one is);
+    # the others' beams follow their chosen rows.
+    some_done = n.op("Greater", n.op("ReduceMax", n.op("Cast", n.op(
+        "GreaterOrEqual", count, outer["beams"]), to=INT64), keepdims=0), zero)
+    types = {"sents": INT64, "tokens": INT32, "scores": FLOAT, "history": INT32,
+             "best": FLOAT, "count": INT64, "mask": INT32,
+             **{s: float_types[s] for s in selfs + crosses}}
+    state = {"sents": names["sents"], "scores": next_scores, "best": best, "count": count,
+             "mask": names["mask"], **{c: names[c] for c in crosses},
+             **{s: produced[s.replace("past_", "present_")] for s in selfs}}
+
+    def advance(b: Nodes, rows: str, tokens: str, kept: dict[str, str]) -> onnx.GraphProto:
+        """The next state from `rows` (flat row indices) and `tokens` (N', K)."""
+        rows = b.op("Reshape", rows, b.const(INT64, [-1]))
+        column = b.op("Reshape", tokens, b.const(INT64, [-1, 1]))             # (N'K, 1)
+        return branch(b, {
+            "tokens": (b.op("Identity", column), INT32),
+            "history": (b.op("Concat", b.op("Gather", names["history"], rows, axis=0), column,
+                             axis=1), INT32),
+            **{s: (b.op("Gather", state[s], rows, axis=0), types[s]) for s in selfs},
+            **{k: (v, types[k]) for k, v in kept.items()}})
+
+    drop = Nodes(p + "drop/")
+    still_open = drop.op("Less", count, outer["beams"])                      # (N,)
+    open_rows = drop.op("Reshape", drop.op("Expand", drop.op("Unsqueeze", still_open, axis_1),
+                                           drop.op("Shape", next_beam)), drop.const(INT64, [-1]))
+    kept = {k: drop.op("Compress", state[k], still_open, axis=0)
+            for k in ("sents", "scores", "best", "count")}
+    kept |= {k: drop.op("Compress", state[k], open_rows, axis=0) for k in ("mask", *crosses)}
+    dropped = advance(drop, drop.op("Compress", order, still_open, axis=0),
+                      drop.op("Compress", next_token, still_open, axis=0), kept)
+    same = Nodes(p + "same/")
+    same_set = advance(same, order, next_token,
+                       {k: same.op("Identity", state[k])
+                        for k in ("sents", "scores", "best", "count", "mask", *crosses)})
+    order_out = ["tokens", "history", *selfs, "sents", "scores", "best", "count", "mask",
+                 *crosses]
+    results = dict(zip(order_out, n.ops("If", [some_done], len(order_out),
+                                        then_branch=dropped, else_branch=same_set)))
+    outputs = {**results, "out": out}
+    go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
+    value = helper.make_tensor_value_info
+    types["out"] = INT32
+    inputs = [value(it, INT64, []), value(p + "condition", BOOL, []),
+              *(value(names[c], types[c], None) for c in carried)]
+    results = [value(go_on, BOOL, []), *(value(outputs[c], types[c], None) for c in carried)]
+    return helper.make_graph(n.nodes, "search_step", inputs, results)
+
+
+def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, length: str,
+               max_new: str, name: str | None = None) -> str:
+    """out[sents[i]] = hypothesis[i] padded with PAD where better[i]; `length` (scalar) is the
+    hypotheses' length."""
+    missing = n.op("Sub", max_new, n.op("Unsqueeze", length, n.const(INT64, [0])))
+    pads = n.op("Concat", n.const(INT64, [0, 0, 0]), missing, axis=0)
+    padded = n.op("Pad", hypothesis, pads, n.const(INT32, [PAD], []))         # (N, M)
+    old = n.op("Gather", out, sents, axis=0)
+    rows = n.op("Where", n.op("Unsqueeze", better, n.const(INT64, [1])), padded, old)
+    return n.op("ScatterND", out, n.op("Unsqueeze", sents, n.const(INT64, [1])), rows, out=name)
+
+
+def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int,
+                 keep: set[str], inputs: dict[str, str], output: str, skip: str,
+                 skipped_output: str) -> list[onnx.NodeProto]:
+    """Nodes of the outer graph from `inputs` (input_ids, max_length, min_length, num_beams,
+    length_penalty -> the names to read) to `output` (sequences); `keep` names the weights
+    (outer initializers). Where the bool scalar `skip` holds, nothing runs but a Loop of no
+    step and `output` is `skipped_output`."""
+    selfs, crosses = _state_names(n_layers)
+    encode_nodes, encoded = inline(encoder, "encode/", {
+        "encoder_input_ids": inputs["input_ids"],
+        "encoder_attention_mask": "search/attention_mask"}, keep)
+    cross_info = {v.name: v for v in decoder.input}
+    dims = cross_info[crosses[0]].type.tensor_type.shape.dim
+    heads, d_head = dims[1].dim_value, dims[3].dim_value
+    float_type = cross_info[crosses[0]].type.tensor_type.elem_type
+    vocab = next(o for o in decoder.output if o.name == "logits").type.tensor_type.shape.dim[2]
+    vocab = vocab.dim_value
+    n = Nodes("search/")
+    is_pad = n.op("Equal", inputs["input_ids"], n.const(INT32, [PAD], []))
+    n.op("Cast", n.op("Not", is_pad), to=INT32, out="search/attention_mask")
+    n.nodes.extend(encode_nodes)
+    zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
+    zero_1, one_1, minus_one = n.const(INT64, [0]), n.const(INT64, [1]), n.const(INT64, [-1])
+
+    batch_1 = n.op("Shape", inputs["input_ids"], start=0, end=1)                      # (1,)
+    batch = n.op("Squeeze", batch_1)
+    beams_1 = n.op("Cast", inputs["num_beams"], to=INT64)                             # (1,)
+    beams = n.op("Squeeze", beams_1, out="search/beams")
+    outer = {
+        "beams": beams,
+        "beams_1": beams_1,
+        "two_beams": n.op("Add", beams_1, beams_1),
+        "beam_shape": n.op("Concat", minus_one, beams_1, n.const(INT64, [vocab]), axis=0),
+        "flat_shape": n.op("Concat", minus_one, n.op("Mul", beams_1, n.const(INT64, [vocab])),
+                           axis=0),
+        "max_new": n.op("Sub", n.op("Cast", inputs["max_length"], to=INT64), one_1),  # (1,)
+        "min_length": n.op("Squeeze", n.op("Cast", inputs["min_length"], to=INT64)),
+        "length_penalty": n.op("Squeeze", inputs["length_penalty"]),
+    }
+    outer["first_beams"] = n.op("Less", n.op("Range", zero, n.op("Squeeze", outer["two_beams"]),
+                                             one), beams)
+    rows_1 = n.op("Mul", batch_1, beams_1)                                    # (1,) B*K
+
+    def per_beam(value: str, rank: int) -> str:
+        """(B, ...) -> (B*K, ...): each sentence's row repeated for its K beams."""
+        expanded_shape = n.op("Concat", batch_1, beams_1,
+                              n.op("Slice", n.op("Shape", value), one_1,
+                                   n.const(INT64, [rank])), axis=0)
+        flat_shape = n.op("Concat", minus_one, n.op("Slice", n.op("Shape", value), one_1,
+                                                    n.const(INT64, [rank])), axis=0)
+        return n.op("Reshape", n.op("Expand", n.op("Unsqueeze", value, one_1), expanded_shape),
+                    flat_shape)
+
+    cross_values = [per_beam(encoded[c.replace("past_", "present_")], 4) for c in crosses]
+    mask = per_beam("search/attention_mask", 2)
+    first = n.op("Equal", n.op("Range", zero, beams, one), zero)             # (K,)
+    scores = n.op("Expand", n.op("Where", first, n.const(FLOAT, [0.0], []),
+                                 n.const(FLOAT, [float("-inf")], [])),
+                  n.op("Concat", batch_1, beams_1, axis=0))                   # (B, K)
+    tokens = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
+                  n.op("Concat", rows_1, one_1, axis=0))                      # (BK, 1)
+    history = n.op("ConstantOfShape", n.op("Concat", rows_1, zero_1, axis=0),
+                   value=helper.make_tensor("v", INT32, [1], [PAD]))          # (BK, 0)
+    empty_cache = n.op("ConstantOfShape", n.op("Concat", rows_1,
+                                                n.const(INT64, [heads, 0, d_head]), axis=0),
+                       value=helper.make_tensor("v", float_type, [1], [0]))
+    best = n.op("ConstantOfShape", batch_1,
+                value=helper.make_tensor("v", FLOAT, [1], [float("-inf")]))
+    count = n.op("ConstantOfShape", batch_1, value=helper.make_tensor("v", INT64, [1], [0]))
+    out = n.op("ConstantOfShape", n.op("Concat", batch_1, outer["max_new"], axis=0),
+               value=helper.make_tensor("v", INT32, [1], [PAD]))              # (B, M)
+    sents = n.op("Range", zero, batch, one)
+    trip = n.op("Squeeze", outer["max_new"])
+    start = n.op("Greater", trip, zero)
+    # The Loop's start values and the body's outer values come out of an If, so that when
+    # `skip` holds (the operator searches this batch) none of the above runs.
+    starts = {"trip": (trip, INT64, [], [0]), "start": (start, BOOL, [], [False]),
+              "sents": (sents, INT64, [0], []), "tokens": (tokens, INT32, [0, 1], []),
+              "scores": (scores, FLOAT, [0, 1], []), "history": (history, INT32, [0, 0], []),
+              "best": (best, FLOAT, [0], []), "count": (count, INT64, [0], []),
+              "out": (out, INT32, [0, 0], []),
+              "empty_cache": (empty_cache, float_type, [0, heads, 0, d_head], []),
+              **{c: (v, float_type, [0, heads, 1, d_head], [])
+                 for c, v in zip(crosses, cross_values)},
+              "mask": (mask, INT32, [0, 1], []), "batch_1": (batch_1, INT64, [1], [0]),
+              "beams": (beams, INT64, [], [1]), "beams_1": (outer["beams_1"], INT64, [1], [1]),
+              "two_beams": (outer["two_beams"], INT64, [1], [2]),
+              "first_beams": (outer["first_beams"], BOOL, [2], [True, False]),
+              "beam_shape": (outer["beam_shape"], INT64, [3], [-1, 1, vocab]),
+              "flat_shape": (outer["flat_shape"], INT64, [2], [-1, vocab]),
+              "max_new": (outer["max_new"], INT64, [1], [0]),
+              "min_length": (outer["min_length"], INT64, [], [0]),
+              "length_penalty": (outer["length_penalty"], FLOAT, [], [1.0])}
+    exposed = {k: f"search/{k}" for k in starts}
+    dummies = [helper.make_node("Constant", [], [f"search/dummy_{k}"], value=helper.make_tensor(
+        f"dummy_{k}", dtype, dims, values)) for k, (_, dtype, dims, values) in starts.items()]
+    setup = helper.make_node(
+        "If", [skip], list(exposed.values()),
+        then_branch=helper.make_graph(dummies, "search_skipped", [], [
+            helper.make_tensor_value_info(f"search/dummy_{k}", dtype, None)
+            for k, (_, dtype, _, _) in starts.items()]),
+        else_branch=helper.make_graph(n.nodes, "search_setup", [], [
+            helper.make_tensor_value_info(name, dtype, None)
+            for name, dtype, _, _ in starts.values()]))
+    outer = {k: exposed[k] for k in outer}
+    body = _body(decoder, n_layers, vocab, keep, outer)
+    ends = [f"search/end_{c}" for c in ("sents", "tokens", "scores", "history", "best",
+                                        "count", "out", *selfs, *crosses, "mask")]
+    loop = helper.make_node(
+        "Loop", [exposed[k] for k in ("trip", "start", "sents", "tokens", "scores", "history",
+                                      "best", "count", "out")]
+        + [exposed["empty_cache"]] * len(selfs) + [exposed[c] for c in crosses]
+        + [exposed["mask"]], ends, body=body)
+    end = dict(zip(("sents", "tokens", "scores", "history", "best", "count", "out"), ends))
+
+    # At the length limit, the open sentences' live beams compete with their finished ones.
+    n = Nodes("search/final/")
+    zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
+    zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
+    steps = n.op("Squeeze", n.op("Shape", end["history"], start=1, end=2))
+    penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
+    live = n.op("Div", end["scores"], penalty)                                # (N, K)
+    live_best = n.op("ReduceMax", live, n.const(INT64, [1]), keepdims=0)
+    live_rank = n.op("Squeeze", n.op("ArgMax", live, axis=1, keepdims=1), one_1)
+    n_open = n.op("Squeeze", n.op("Shape", end["sents"]))
+    rows = n.op("Add", live_rank, n.op("Mul", n.op("Range", zero, n_open, one),
+                                       exposed["beams"]))
+    better = n.op("Greater", live_best, end["best"])
+    final = write_best(n, end["out"], end["sents"], n.op("Gather", end["history"], rows, axis=0),
+                       better, steps, outer["max_new"])
+    written = n.op("Slice", final, zero_1, n.op("Unsqueeze", steps, zero_1), one_1)
+    bos = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
+               n.op("Concat", exposed["batch_1"], one_1, axis=0))
+    searched = n.op("Unsqueeze", n.op("Concat", bos, written, axis=1), one_1)
+    skipped = helper.make_node("Identity", [skipped_output], ["search/final/skipped"])
+    finish = helper.make_node(
+        "If", [skip], [output],
+        then_branch=helper.make_graph([skipped], "search_not_run", [], [
+            helper.make_tensor_value_info("search/final/skipped", INT32, None)]),
+        else_branch=helper.make_graph(n.nodes, "search_final", [], [
+            helper.make_tensor_value_info(searched, INT32, None)]))
+    return [setup, loop, finish]
