@@ -1,2 +1,3 @@
-"""The ONNX graph: the search model (contrib BeamSearch around encoder and decoder subgraphs),
-its fused attention, and the text-in, text-out twin."""
+"""The ONNX graph: the search model (encoder and decoder subgraphs under the contrib BeamSearch
+node, and the same nodes in a Loop that drops finished sentences), its fused attention, and the
+text-in, text-out twin."""

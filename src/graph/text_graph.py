@@ -13,7 +13,7 @@ The search settings are fixed in the file (metadata `beam_size`, `length_penalty
 Inside: `SentencepieceTokenizer` (ai.onnx.contrib) gives every sentence's pieces as one flat
 tensor plus row offsets; plain ONNX ops cut each row to the model's source limit, append EOS
 and pad it into the (B, S) `input_ids` the search expects; `max_length` follows the
-`max_length_ratio` as `generation.max_new_tokens` does; after the unchanged BeamSearch node a
+`max_length_ratio` as `generation.max_new_tokens` does; after the unchanged search a
 Loop runs `SentencepieceDecoder` on each row (it decodes one row per call), and special ids
 decode to nothing, stray byte pieces (U+FFFD) are dropped and spaces between CJK characters
 removed, as in `Translator.run` (`subword.decode_ids`).
