@@ -341,7 +341,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     node and the Loop sit in the outer graph with the weights (ONNX Runtime pre-packs weights
     only one scope up: inside an If, their products ran slower); the one not chosen runs on
     nothing (the Loop: no step, its setup skipped) or on a one-token dummy (BeamSearch: one
-    step)."""
+    greedy step)."""
     node, const = helper.make_node, helper.make_tensor
     nodes = [
         node("Shape", ["input_ids"], ["batch_1"], start=0, end=1),
@@ -350,6 +350,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
         _pick("one_sentence", "input_ids", "dummy_ids", "operator_ids"),
         node("Where", ["one_sentence", "max_length", "two_32"], ["operator_max_length"]),
         node("Where", ["one_sentence", "min_length", "zero_32"], ["operator_min_length"]),
+        node("Where", ["one_sentence", "num_beams", "one_32"], ["operator_num_beams"]),
     ]
     nodes += [node("Equal", ["operator_ids", "pad_id"], ["operator_is_pad"]),
               node("Not", ["operator_is_pad"], ["operator_is_token"]),
@@ -357,7 +358,8 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     operator = onnx.NodeProto()
     operator.CopyFrom(beam_search)
     renames = {"input_ids": "operator_ids", "max_length": "operator_max_length",
-               "min_length": "operator_min_length", "attention_mask": "operator_mask"}
+               "min_length": "operator_min_length", "num_beams": "operator_num_beams",
+               "attention_mask": "operator_mask"}
     operator.input[:] = [renames.get(name, name) for name in operator.input]
     operator.output[:] = ["operator_sequences"]
     nodes.append(operator)
@@ -370,6 +372,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
 
 
 PICK_CONSTANTS = [helper.make_tensor("one_64", TensorProto.INT64, [1], [1]),
+                  helper.make_tensor("one_32", TensorProto.INT32, [1], [1]),
                   helper.make_tensor("two_32", TensorProto.INT32, [1], [2]),
                   helper.make_tensor("zero_32", TensorProto.INT32, [1], [0]),
                   helper.make_tensor("dummy_ids", TensorProto.INT32, [1, 1], [EOS])]

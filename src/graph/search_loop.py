@@ -171,34 +171,40 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
              "mask": names["mask"], **{c: names[c] for c in crosses},
              **{s: produced[s.replace("past_", "present_")] for s in selfs}}
 
-    def advance(b: Nodes, rows: str, tokens: str, kept: dict[str, str]) -> onnx.GraphProto:
-        """The next state from `rows` (flat row indices) and `tokens` (N', K)."""
-        rows = b.op("Reshape", rows, b.const(INT64, [-1]))
-        column = b.op("Reshape", tokens, b.const(INT64, [-1, 1]))             # (N'K, 1)
+    # An If copies every value it returns, so its branches pick only small index tensors; the
+    # caches, the cross-attention keys and values and the mask are gathered outside it.
+    def picked(b: Nodes, rows: str, kept_rows: str, tokens: str,
+               small: dict[str, str]) -> onnx.GraphProto:
         return branch(b, {
-            "tokens": (b.op("Identity", column), INT32),
-            "history": (b.op("Concat", b.op("Gather", names["history"], rows, axis=0), column,
-                             axis=1), INT32),
-            **{s: (b.op("Gather", state[s], rows, axis=0), types[s]) for s in selfs},
-            **{k: (v, types[k]) for k, v in kept.items()}})
+            "rows": (b.op("Reshape", rows, b.const(INT64, [-1])), INT64),
+            "kept_rows": (kept_rows, INT64),
+            "tokens": (b.op("Reshape", tokens, b.const(INT64, [-1, 1])), INT32),
+            **{k: (v, types[k]) for k, v in small.items()}})
 
+    small = ("sents", "scores", "best", "count")
     drop = Nodes(p + "drop/")
     still_open = drop.op("Less", count, outer["beams"])                      # (N,)
     open_rows = drop.op("Reshape", drop.op("Expand", drop.op("Unsqueeze", still_open, axis_1),
                                            drop.op("Shape", next_beam)), drop.const(INT64, [-1]))
-    kept = {k: drop.op("Compress", state[k], still_open, axis=0)
-            for k in ("sents", "scores", "best", "count")}
-    kept |= {k: drop.op("Compress", state[k], open_rows, axis=0) for k in ("mask", *crosses)}
-    dropped = advance(drop, drop.op("Compress", order, still_open, axis=0),
-                      drop.op("Compress", next_token, still_open, axis=0), kept)
+    dropped = picked(drop, drop.op("Compress", order, still_open, axis=0),
+                     drop.op("Reshape", drop.op("NonZero", open_rows), drop.const(INT64, [-1])),
+                     drop.op("Compress", next_token, still_open, axis=0),
+                     {k: drop.op("Compress", state[k], still_open, axis=0) for k in small})
     same = Nodes(p + "same/")
-    same_set = advance(same, order, next_token,
-                       {k: same.op("Identity", state[k])
-                        for k in ("sents", "scores", "best", "count", "mask", *crosses)})
-    order_out = ["tokens", "history", *selfs, "sents", "scores", "best", "count", "mask",
-                 *crosses]
-    results = dict(zip(order_out, n.ops("If", [some_done], len(order_out),
-                                        then_branch=dropped, else_branch=same_set)))
+    all_rows = same.op("Range", same.const(INT64, [0], []), same.op("Size", order),
+                       same.const(INT64, [1], []))
+    same_set = picked(same, order, all_rows, next_token,
+                      {k: same.op("Identity", state[k]) for k in small})
+    labels = ["rows", "kept_rows", "tokens", *small]
+    chosen = dict(zip(labels, n.ops("If", [some_done], len(labels), then_branch=dropped,
+                                    else_branch=same_set)))
+    results = {
+        **{k: chosen[k] for k in ("tokens", *small)},
+        "history": n.op("Concat", n.op("Gather", names["history"], chosen["rows"], axis=0),
+                        chosen["tokens"], axis=1),
+        **{s: n.op("Gather", state[s], chosen["rows"], axis=0) for s in selfs},
+        **{k: n.op("Gather", state[k], chosen["kept_rows"], axis=0) for k in ("mask", *crosses)},
+    }
     outputs = {**results, "out": out}
     go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
     value = helper.make_tensor_value_info
