@@ -3,10 +3,11 @@
 Reads params `export.*`; the languages come from models/tokenizer/tokenizer.json. Builds the
 single-file generation graph of src/graph/onnx_graph.py (encoder, KV-cached decoder and
 beam/greedy search: ONNX Runtime's BeamSearch node for one sentence, a Loop that drops
-finished sentences for a batch (src/graph/search_loop.py); special ids, languages, limits and tokenizer
-fingerprints in metadata_props) and its text-in, text-out twin, and verifies both before they
-are moved into place (src/graph/verify.py: `onnx.checker`, ONNX Runtime against PyTorch's
-search on the first `export.parity_sentences` test sentences, BLEU on the whole test split).
+finished sentences for a batch (src/graph/search_loop.py); special ids, languages, limits and
+tokenizer fingerprints in metadata_props) and its text-in, text-out twin, and verifies both
+before they are moved into place (src/graph/verify.py: `onnx.checker`, ONNX Runtime against
+PyTorch's search on the first `export.parity_sentences` test sentences, BLEU on the whole test
+split).
 With `export.quantize`, models/model.int8.onnx (int8 weights, quantized per subgraph) and its
 twin too; with `export.fp16`, models/model.fp16.onnx (float16 subgraphs, for GPUs: ONNX
 Runtime runs it on CUDA only), whose structure is checked everywhere and parity where CUDA runs.

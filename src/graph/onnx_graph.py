@@ -342,7 +342,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     only one scope up: inside an If, their products ran slower); the one not chosen runs on
     nothing (the Loop: no step, its setup skipped) or on a one-token dummy (BeamSearch: one
     greedy step)."""
-    node, const = helper.make_node, helper.make_tensor
+    node = helper.make_node
     nodes = [
         node("Shape", ["input_ids"], ["batch_1"], start=0, end=1),
         node("Equal", ["batch_1", "one_64"], ["one_sentence_1"]),

@@ -28,7 +28,8 @@ from onnx import TensorProto, helper
 
 from src.core.special_ids import BOS, EOS, PAD
 
-INT64, INT32, FLOAT, BOOL = TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT, TensorProto.BOOL
+INT64, INT32, FLOAT, BOOL = (TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT,
+                             TensorProto.BOOL)
 
 
 def inline(graph: onnx.GraphProto, prefix: str, inputs: dict[str, str],
@@ -216,7 +217,7 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
 
 
 def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, length: str,
-               max_new: str, name: str | None = None) -> str:
+               max_new: str) -> str:
     """out[sents[i]] = hypothesis[i] padded with PAD where better[i]; `length` (scalar) is the
     hypotheses' length."""
     missing = n.op("Sub", max_new, n.op("Unsqueeze", length, n.const(INT64, [0])))
@@ -224,7 +225,7 @@ def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, len
     padded = n.op("Pad", hypothesis, pads, n.const(INT32, [PAD], []))         # (N, M)
     old = n.op("Gather", out, sents, axis=0)
     rows = n.op("Where", n.op("Unsqueeze", better, n.const(INT64, [1])), padded, old)
-    return n.op("ScatterND", out, n.op("Unsqueeze", sents, n.const(INT64, [1])), rows, out=name)
+    return n.op("ScatterND", out, n.op("Unsqueeze", sents, n.const(INT64, [1])), rows)
 
 
 def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int,
@@ -254,7 +255,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     batch_1 = n.op("Shape", inputs["input_ids"], start=0, end=1)                      # (1,)
     batch = n.op("Squeeze", batch_1)
     beams_1 = n.op("Cast", inputs["num_beams"], to=INT64)                             # (1,)
-    beams = n.op("Squeeze", beams_1, out="search/beams")
+    beams = n.op("Squeeze", beams_1)
     outer = {
         "beams": beams,
         "beams_1": beams_1,
