@@ -93,8 +93,9 @@ def _state_names(n_layers: int) -> tuple[list[str], list[str]]:
 def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
           outer: dict[str, str]) -> onnx.GraphProto:
     """One step for the sentences still open. `outer` names values of the enclosing graph:
-    beams, two_beams, first_beams (2K,) bool, beam_shape [-1, K, V], flat_shape [-1, K*V],
-    rows_shape [-1, K], max_new (1,), min_length, length_penalty (scalars)."""
+    beams (K, a scalar), beams_1 and two_beams ([K], [2K]), first_beams (2K,) bool,
+    beam_shape [-1, K, V], flat_shape [-1, K*V], max_new (1,), min_length and
+    length_penalty (scalars)."""
     p = "step/"
     selfs, crosses = _state_names(n_layers)
     carried = ["sents", "tokens", "scores", "history", "best", "count", "out", *selfs, *crosses,
