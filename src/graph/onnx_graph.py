@@ -322,6 +322,13 @@ def hoist_initializers(graph: onnx.GraphProto, prefix: str) -> list[TensorProto]
     return moved
 
 
+def source_mask(ids: str, mask: str) -> list[onnx.NodeProto]:
+    """mask = int32(ids != PAD): ORT's own mask only handles left padding."""
+    return [helper.make_node("Equal", [ids, "pad_id"], [f"{mask}_is_pad"]),
+            helper.make_node("Not", [f"{mask}_is_pad"], [f"{mask}_is_token"]),
+            helper.make_node("Cast", [f"{mask}_is_token"], [mask], to=TensorProto.INT32)]
+
+
 def _pick(condition: str, then: str, otherwise: str, out: str) -> onnx.NodeProto:
     """out = then if condition else otherwise, for values of any shape."""
     def branch(name: str, value: str) -> onnx.GraphProto:
@@ -352,9 +359,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
         node("Where", ["one_sentence", "min_length", "zero_32"], ["operator_min_length"]),
         node("Where", ["one_sentence", "num_beams", "one_32"], ["operator_num_beams"]),
     ]
-    nodes += [node("Equal", ["operator_ids", "pad_id"], ["operator_is_pad"]),
-              node("Not", ["operator_is_pad"], ["operator_is_token"]),
-              node("Cast", ["operator_is_token"], ["operator_mask"], to=TensorProto.INT32)]
+    nodes += source_mask("operator_ids", "operator_mask")
     operator = onnx.NodeProto()
     operator.CopyFrom(beam_search)
     renames = {"input_ids": "operator_ids", "max_length": "operator_max_length",
@@ -404,11 +409,7 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
         nodes = both_searches(beam_search, encoder.graph, decoder.graph,
                               {t.name for t in shared})
     else:
-        nodes = [helper.make_node("Equal", ["input_ids", "pad_id"], ["is_pad"]),
-                 helper.make_node("Not", ["is_pad"], ["is_token"]),
-                 helper.make_node("Cast", ["is_token"], ["attention_mask"],
-                                  to=TensorProto.INT32),
-                 beam_search]
+        nodes = [*source_mask("input_ids", "attention_mask"), beam_search]
     scalar = {"length_penalty": TensorProto.FLOAT, "repetition_penalty": TensorProto.FLOAT}
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32,
                                             ["batch_size", "sequence_length"])]

@@ -274,11 +274,9 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
 
     def per_beam(value: str, rank: int) -> str:
         """(B, ...) -> (B*K, ...): each sentence's row repeated for its K beams."""
-        expanded_shape = n.op("Concat", batch_1, beams_1,
-                              n.op("Slice", n.op("Shape", value), one_1,
-                                   n.const(INT64, [rank])), axis=0)
-        flat_shape = n.op("Concat", minus_one, n.op("Slice", n.op("Shape", value), one_1,
-                                                    n.const(INT64, [rank])), axis=0)
+        tail = n.op("Slice", n.op("Shape", value), one_1, n.const(INT64, [rank]))  # dims after B
+        expanded_shape = n.op("Concat", batch_1, beams_1, tail, axis=0)
+        flat_shape = n.op("Concat", minus_one, tail, axis=0)
         return n.op("Reshape", n.op("Expand", n.op("Unsqueeze", value, one_1), expanded_shape),
                     flat_shape)
 
