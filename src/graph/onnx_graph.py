@@ -6,7 +6,7 @@ onnxruntime/transformers/convert_generation.py, which we cannot import: it needs
 
 * encoder subgraph: `encoder_input_ids`, `encoder_attention_mask` (B, S) int32
   -> `present_key_cross_i`, `present_value_cross_i` (B, H, S, d_head) per decoder layer
-  (`Transformer.encode` + `Transformer.cross_kv`);
+  (`Transformer.encode` + `Transformer.cross_kv`, its attentions fused as the decoder's);
 * decoder subgraph: `input_ids` (B, 1), `encoder_attention_mask`, `past_key_self_i`,
   `past_value_self_i` (B, H, T, d_head), then `past_key_cross_i`, `past_value_cross_i`
   -> `logits` (B, 1, V), `present_key_self_i`, `present_value_self_i` (B, H, T + 1, d_head)
@@ -84,9 +84,8 @@ class CrossAttentionKV(nn.Module):
         self.model = model
 
     def forward(self, encoder_input_ids: Tensor, encoder_attention_mask: Tensor):
-        # The mask is ids != PAD already; routing it through keeps it a used graph input.
-        src = torch.where(encoder_attention_mask.bool(), encoder_input_ids.long(), PAD)  # (B, S)
-        memory, _ = self.model.encode(src)
+        memory = onnx_attention.encode(self.model, encoder_input_ids.long(),
+                                       encoder_attention_mask)
         return tuple(t for kv in self.model.cross_kv(memory) for t in kv)  # 2L x (B, H, S, dh)
 
 
@@ -145,6 +144,7 @@ def export_subgraphs(model: Transformer, opset: int) -> tuple[onnx.ModelProto, o
     with _quiet_export(), torch.no_grad():
         encoder = torch.onnx.export(
             CrossAttentionKV(model), (ids, mask), dynamo=True, opset_version=opset,
+            custom_translation_table=onnx_attention.TRANSLATIONS,
             input_names=["encoder_input_ids", "encoder_attention_mask"],
             output_names=cross_names(n_layers, "present"),
             dynamic_shapes=({0: b, 1: s}, {0: b, 1: s})).model_proto

@@ -94,8 +94,11 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
           outer: dict[str, str]) -> onnx.GraphProto:
     """One step for the sentences still open. `outer` names values of the enclosing graph:
     beams (K, a scalar), beams_1 and two_beams ([K], [2K]), first_beams (2K,) bool,
-    beam_shape [-1, K, V], flat_shape [-1, K*V], max_new (1,), min_length and
-    length_penalty (scalars)."""
+    max_new (1,), min_length and length_penalty (scalars).
+
+    The first step runs one row per sentence (its K beams would be K copies of the same row);
+    every step's chosen rows (K per sentence) gather the next state, which expands it to K
+    rows per sentence after the first."""
     p = "step/"
     selfs, crosses = _state_names(n_layers)
     carried = ["sents", "tokens", "scores", "history", "best", "count", "out", *selfs, *crosses,
@@ -119,9 +122,14 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     eos_ban = n.const(FLOAT, [float("-inf") if i == EOS else 0.0 for i in range(vocab)])
     no_ban = n.const(FLOAT, [0.0] * vocab)
     logp = n.op("Add", logp, n.op("Where", banned, eos_ban, no_ban))
-    beams = n.op("Reshape", logp, outer["beam_shape"])                        # (N, K, V)
-    scores = n.op("Unsqueeze", names["scores"], n.const(INT64, [2]))          # (N, K, 1)
-    candidates = n.op("Reshape", n.op("Add", beams, scores), outer["flat_shape"])  # (N, KV)
+    n_open = n.op("Shape", names["sents"])                                    # (1,) N
+    rows_now = n.op("Div", n.op("Shape", names["tokens"], start=0, end=1), n_open)  # (1,)
+    minus_one = n.const(INT64, [-1])
+    beams = n.op("Reshape", logp, n.op("Concat", n_open, minus_one, n.const(INT64, [vocab]),
+                                        axis=0))                              # (N, 1 or K, V)
+    scores = n.op("Unsqueeze", names["scores"], n.const(INT64, [2]))          # (N, 1 or K, 1)
+    candidates = n.op("Reshape", n.op("Add", beams, scores),
+                      n.op("Concat", n_open, minus_one, axis=0))              # (N, KV)
     top_scores, top_ids = n.ops("TopK", [candidates, outer["two_beams"]], 2, axis=1)
     vocab_c = n.const(INT64, [vocab], [])
     source_beam = n.op("Div", top_ids, vocab_c)                               # (N, 2K)
@@ -134,8 +142,8 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     finished = n.op("And", n.op("And", is_eos, outer["first_beams"]), finite)
     new_finished = n.op("ReduceSum", n.op("Cast", finished, to=INT64), axis_1, keepdims=0)
     count = n.op("Add", names["count"], new_finished)                         # (N,)
-    n_open = n.op("Shape", names["sents"])                                    # (1,)
-    base = n.op("Mul", n.op("Range", zero, n.op("Squeeze", n_open), one), outer["beams"])
+    base = n.op("Mul", n.op("Range", zero, n.op("Squeeze", n_open), one),
+                n.op("Squeeze", rows_now))                                    # first rows
     some_finished = n.op("Greater", n.op("ReduceSum", new_finished, keepdims=0), zero)
     f = Nodes(p + "finish/")
     penalty = f.op("Pow", f.op("Cast", length, to=FLOAT), outer["length_penalty"])
@@ -175,37 +183,30 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
 
     # An If copies every value it returns, so its branches pick only small index tensors; the
     # caches, the cross-attention keys and values and the mask are gathered outside it.
-    def picked(b: Nodes, rows: str, kept_rows: str, tokens: str,
-               small: dict[str, str]) -> onnx.GraphProto:
+    def picked(b: Nodes, rows: str, tokens: str, small: dict[str, str]) -> onnx.GraphProto:
         return branch(b, {
             "rows": (b.op("Reshape", rows, b.const(INT64, [-1])), INT64),
-            "kept_rows": (kept_rows, INT64),
             "tokens": (b.op("Reshape", tokens, b.const(INT64, [-1, 1])), INT32),
             **{k: (v, types[k]) for k, v in small.items()}})
 
     small = ("sents", "scores", "best", "count")
     drop = Nodes(p + "drop/")
     still_open = drop.op("Less", count, outer["beams"])                      # (N,)
-    open_rows = drop.op("Reshape", drop.op("Expand", drop.op("Unsqueeze", still_open, axis_1),
-                                           drop.op("Shape", next_beam)), drop.const(INT64, [-1]))
     dropped = picked(drop, drop.op("Compress", order, still_open, axis=0),
-                     drop.op("Reshape", drop.op("NonZero", open_rows), drop.const(INT64, [-1])),
                      drop.op("Compress", next_token, still_open, axis=0),
                      {k: drop.op("Compress", state[k], still_open, axis=0) for k in small})
     same = Nodes(p + "same/")
-    all_rows = same.op("Range", same.const(INT64, [0], []), same.op("Size", order),
-                       same.const(INT64, [1], []))
-    same_set = picked(same, order, all_rows, next_token,
-                      {k: same.op("Identity", state[k]) for k in small})
-    labels = ["rows", "kept_rows", "tokens", *small]
+    same_set = picked(same, order, next_token, {k: same.op("Identity", state[k]) for k in small})
+    labels = ["rows", "tokens", *small]
     chosen = dict(zip(labels, n.ops("If", [some_done], len(labels), then_branch=dropped,
                                     else_branch=same_set)))
     results = {
         **{k: chosen[k] for k in ("tokens", *small)},
         "history": n.op("Concat", n.op("Gather", names["history"], chosen["rows"], axis=0),
                         chosen["tokens"], axis=1),
-        **{s: n.op("Gather", state[s], chosen["rows"], axis=0) for s in selfs},
-        **{k: n.op("Gather", state[k], chosen["kept_rows"], axis=0) for k in ("mask", *crosses)},
+        # A row's source rows are its sentence's: the chosen rows' are the right ones.
+        **{k: n.op("Gather", state[k], chosen["rows"], axis=0)
+           for k in (*selfs, "mask", *crosses)},
     }
     outputs = {**results, "out": out}
     go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
@@ -251,7 +252,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     n.op("Cast", n.op("Not", is_pad), to=INT32, out="search/attention_mask")
     n.nodes.extend(encode_nodes)
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
-    zero_1, one_1, minus_one = n.const(INT64, [0]), n.const(INT64, [1]), n.const(INT64, [-1])
+    zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
 
     batch_1 = n.op("Shape", inputs["input_ids"], start=0, end=1)                      # (1,)
     batch = n.op("Squeeze", batch_1)
@@ -261,36 +262,23 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
         "beams": beams,
         "beams_1": beams_1,
         "two_beams": n.op("Add", beams_1, beams_1),
-        "beam_shape": n.op("Concat", minus_one, beams_1, n.const(INT64, [vocab]), axis=0),
-        "flat_shape": n.op("Concat", minus_one, n.op("Mul", beams_1, n.const(INT64, [vocab])),
-                           axis=0),
         "max_new": n.op("Sub", n.op("Cast", inputs["max_length"], to=INT64), one_1),  # (1,)
         "min_length": n.op("Squeeze", n.op("Cast", inputs["min_length"], to=INT64)),
         "length_penalty": n.op("Squeeze", inputs["length_penalty"]),
     }
     outer["first_beams"] = n.op("Less", n.op("Range", zero, n.op("Squeeze", outer["two_beams"]),
                                              one), beams)
-    rows_1 = n.op("Mul", batch_1, beams_1)                                    # (1,) B*K
 
-    def per_beam(value: str, rank: int) -> str:
-        """(B, ...) -> (B*K, ...): each sentence's row repeated for its K beams."""
-        tail = n.op("Slice", n.op("Shape", value), one_1, n.const(INT64, [rank]))  # dims after B
-        expanded_shape = n.op("Concat", batch_1, beams_1, tail, axis=0)
-        flat_shape = n.op("Concat", minus_one, tail, axis=0)
-        return n.op("Reshape", n.op("Expand", n.op("Unsqueeze", value, one_1), expanded_shape),
-                    flat_shape)
-
-    cross_values = [per_beam(encoded[c.replace("past_", "present_")], 4) for c in crosses]
-    mask = per_beam("search/attention_mask", 2)
-    first = n.op("Equal", n.op("Range", zero, beams, one), zero)             # (K,)
-    scores = n.op("Expand", n.op("Where", first, n.const(FLOAT, [0.0], []),
-                                 n.const(FLOAT, [float("-inf")], [])),
-                  n.op("Concat", batch_1, beams_1, axis=0))                   # (B, K)
+    # One row per sentence until the first step has chosen each sentence's K beams.
+    cross_values = [encoded[c.replace("past_", "present_")] for c in crosses]
+    mask = "search/attention_mask"
+    scores = n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
+                  value=helper.make_tensor("v", FLOAT, [1], [0.0]))            # (B, 1)
     tokens = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
-                  n.op("Concat", rows_1, one_1, axis=0))                      # (BK, 1)
-    history = n.op("ConstantOfShape", n.op("Concat", rows_1, zero_1, axis=0),
-                   value=helper.make_tensor("v", INT32, [1], [PAD]))          # (BK, 0)
-    empty_cache = n.op("ConstantOfShape", n.op("Concat", rows_1,
+                  n.op("Concat", batch_1, one_1, axis=0))                     # (B, 1)
+    history = n.op("ConstantOfShape", n.op("Concat", batch_1, zero_1, axis=0),
+                   value=helper.make_tensor("v", INT32, [1], [PAD]))          # (B, 0)
+    empty_cache = n.op("ConstantOfShape", n.op("Concat", batch_1,
                                                 n.const(INT64, [heads, 0, d_head]), axis=0),
                        value=helper.make_tensor("v", float_type, [1], [0]))
     best = n.op("ConstantOfShape", batch_1,
@@ -315,8 +303,6 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
               "beams": (beams, INT64, [], [1]), "beams_1": (outer["beams_1"], INT64, [1], [1]),
               "two_beams": (outer["two_beams"], INT64, [1], [2]),
               "first_beams": (outer["first_beams"], BOOL, [2], [True, False]),
-              "beam_shape": (outer["beam_shape"], INT64, [3], [-1, 1, vocab]),
-              "flat_shape": (outer["flat_shape"], INT64, [2], [-1, vocab]),
               "max_new": (outer["max_new"], INT64, [1], [0]),
               "min_length": (outer["min_length"], INT64, [], [0]),
               "length_penalty": (outer["length_penalty"], FLOAT, [], [1.0])}
@@ -348,12 +334,12 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
     steps = n.op("Squeeze", n.op("Shape", end["history"], start=1, end=2))
     penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
-    live = n.op("Div", end["scores"], penalty)                                # (N, K)
+    live = n.op("Div", end["scores"], penalty)                                # (N, 1 or K)
     live_best = n.op("ReduceMax", live, n.const(INT64, [1]), keepdims=0)
     live_rank = n.op("Squeeze", n.op("ArgMax", live, axis=1, keepdims=1), one_1)
     n_open = n.op("Squeeze", n.op("Shape", end["sents"]))
-    rows = n.op("Add", live_rank, n.op("Mul", n.op("Range", zero, n_open, one),
-                                       exposed["beams"]))
+    beams_now = n.op("Squeeze", n.op("Shape", end["scores"], start=1, end=2))  # 1 or K
+    rows = n.op("Add", live_rank, n.op("Mul", n.op("Range", zero, n_open, one), beams_now))
     better = n.op("Greater", live_best, end["best"])
     final = write_best(n, end["out"], end["sents"], n.op("Gather", end["history"], rows, axis=0),
                        better, steps, outer["max_new"])
