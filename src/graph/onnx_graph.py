@@ -14,9 +14,9 @@ onnxruntime/transformers/convert_generation.py, which we cannot import: it needs
   attentions fused into com.microsoft.MultiHeadAttention nodes (src/graph/onnx_attention.py).
 
 The CPU files (fp32, int8) search one sentence with the BeamSearch node and a batch with the
-same nodes in an ONNX Loop that drops finished sentences (src/graph/search_loop.py,
-`both_searches`); the weights are stored once, in the outer graph. The fp16 file (CUDA) has
-the BeamSearch node only.
+same nodes in ONNX Loops that drop finished sentences, one for greedy search and one for beam
+search (src/graph/search_loop.py, `both_searches`); the weights are stored once, in the outer
+graph. The fp16 file (CUDA) has the BeamSearch node only.
 
 The outer graph is what any ONNX Runtime client calls with one `session.run`:
 
@@ -341,14 +341,15 @@ def _pick(condition: str, then: str, otherwise: str, out: str) -> onnx.NodeProto
 
 def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
                   decoder: onnx.GraphProto, weights: set[str]) -> list[onnx.NodeProto]:
-    """ONNX Runtime's BeamSearch for one sentence, the shrinking Loop for a batch.
+    """ONNX Runtime's BeamSearch for one sentence, shrinking Loops for a batch: a greedy one
+    for one beam, a beam one for more.
 
     One sentence has nothing to drop, and the operator's compiled search costs less per step
-    than ~60 ONNX nodes; a batch gains more from dropping finished sentences. The BeamSearch
-    node and the Loop sit in the outer graph with the weights (ONNX Runtime pre-packs weights
-    only one scope up: inside an If, their products ran slower); the one not chosen runs on
-    nothing (the Loop: no step, its setup skipped) or on a one-token dummy (BeamSearch: one
-    greedy step)."""
+    than a Loop's ONNX nodes; a batch gains more from dropping finished sentences, and greedy
+    search from a body without beam bookkeeping. The BeamSearch node and the Loops sit in the
+    outer graph with the weights (ONNX Runtime pre-packs weights only one scope up: inside an
+    If, their products ran slower); the ones not chosen run on nothing (a Loop: no step, its
+    setup skipped) or on a one-token dummy (BeamSearch: one greedy step)."""
     node = helper.make_node
     nodes = [
         node("Shape", ["input_ids"], ["batch_1"], start=0, end=1),
@@ -368,11 +369,22 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     operator.input[:] = [renames.get(name, name) for name in operator.input]
     operator.output[:] = ["operator_sequences"]
     nodes.append(operator)
-    nodes += search_loop.search_nodes(
-        encoder, decoder, len(cross_names_of(decoder)) // 2, weights,
-        {"input_ids": "input_ids", "max_length": "max_length", "min_length": "min_length",
-         "num_beams": "num_beams", "length_penalty": "length_penalty"}, "sequences",
-        skip="one_sentence", skipped_output="operator_sequences")
+    # A batch: the greedy Loop for one beam, the beam Loop for more.
+    nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
+              node("Squeeze", ["one_beam_1"], ["one_beam"]),
+              node("Or", ["one_sentence", "one_beam"], ["skip_beam_loop"]),
+              node("Not", ["one_beam"], ["many_beams"]),
+              node("Or", ["one_sentence", "many_beams"], ["skip_greedy_loop"])]
+    loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
+                   "min_length": "min_length", "num_beams": "num_beams",
+                   "length_penalty": "length_penalty"}
+    n_layers = len(cross_names_of(decoder)) // 2
+    nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
+                                      "greedy_sequences", skip="skip_greedy_loop",
+                                      skipped_output="operator_sequences", greedy=True)
+    nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
+                                      "sequences", skip="skip_beam_loop",
+                                      skipped_output="greedy_sequences")
     return nodes
 
 

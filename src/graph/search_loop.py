@@ -1,4 +1,4 @@
-"""Beam search (and greedy, its one-beam case) as an ONNX `Loop` whose batch shrinks.
+"""Beam search and greedy search as ONNX `Loop`s whose batch shrinks.
 
 ONNX Runtime's BeamSearch operator decodes every sentence of a batch until the longest is done;
 on the test split sorted into batches of 32, a third of the decoder's row-steps went to
@@ -13,8 +13,10 @@ The search is `src.nmt.search.beam_search`, step for step: the 2K best continuat
 sentence's K beams; an EOS among the first K finishes a hypothesis (score / length**penalty,
 length counting the EOS); the first K others go on; a sentence is done when it holds K finished
 hypotheses; at the length limit its live beams compete too. Ties go to the earlier candidate,
-as there. With one beam this is greedy search. `min_length` bans EOS before that length (BOS
-counted), as ONNX Runtime's operator does.
+as there. `min_length` bans EOS before that length (BOS counted), as ONNX Runtime's operator
+does. The first step runs one row per sentence, as its K beams would be K copies of one row.
+Greedy search, the one-beam case, has a body of its own (`_greedy_body`): the best token of
+each row, no scores, no candidate lists, no reordering.
 
 The weights stay where ONNX Runtime pre-packs them: the encoder's in the graph that runs it,
 the decoder's one scope above the Loop body (it looks up one level for constant initializers;
@@ -218,6 +220,76 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     return helper.make_graph(n.nodes, "search_step", inputs, results)
 
 
+def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
+                 outer: dict[str, str]) -> onnx.GraphProto:
+    """One greedy step for the sentences still open (one row each): beam search's one-beam
+    case without its scores, candidate lists and beam bookkeeping. A sentence whose best
+    token is EOS is written out and dropped; EOS banned (before min_length) passes the turn
+    to the second best. `outer`: max_new (1,), min_length (scalar)."""
+    p = "greedy_step/"
+    selfs, crosses = _state_names(n_layers)
+    carried = ["sents", "tokens", "history", "out", *selfs, *crosses, "mask"]
+    names = {c: p + c for c in carried}
+    wiring = {"input_ids": names["tokens"], "encoder_attention_mask": names["mask"],
+              **{c: names[c] for c in selfs + crosses}}
+    step_nodes, produced = inline(decoder, p + "decoder/", wiring, keep)
+    float_types = {v.name: v.type.tensor_type.elem_type for v in decoder.input}
+    n = Nodes(p)
+    n.nodes.extend(step_nodes)
+    it = p + "iteration"
+    zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
+    axis_1, eos = n.const(INT64, [1]), n.const(INT64, [EOS], [])
+
+    # The log-softmax keeps a row's order: the best two logits are its best two tokens.
+    logits = n.op("Squeeze", produced["logits"], axis_1)                      # (N, V)
+    _, best_two = n.ops("TopK", [logits, n.const(INT64, [2])], 2, axis=1)     # (N, 2)
+    first, second = n.op("Gather", best_two, zero, axis=1), n.op("Gather", best_two, one, axis=1)
+    banned = n.op("And", n.op("Less", n.op("Add", it, one), outer["min_length"]),
+                  n.op("Equal", first, eos))
+    token = n.op("Where", banned, second, first)                              # (N,)
+    is_eos = n.op("Equal", token, eos)
+    some_done = n.op("Greater", n.op("ReduceMax", n.op("Cast", is_eos, to=INT64),
+                                     keepdims=0), zero)
+
+    # Sentences that end write their tokens so far and leave (only in steps where one ends;
+    # an If copies what it returns, so it returns only small tensors).
+    done = Nodes(p + "done/")
+    going_on = done.op("Not", is_eos)
+    ended = branch(done, {
+        "out": (write_best(done, names["out"], names["sents"], names["history"], is_eos, it,
+                           outer["max_new"]), INT32),
+        "rows": (done.op("Reshape", done.op("NonZero", going_on), done.const(INT64, [-1])),
+                 INT64),
+        "sents": (done.op("Compress", names["sents"], going_on, axis=0), INT64),
+        "tokens": (done.op("Compress", token, going_on, axis=0), INT64)})
+    same = Nodes(p + "same/")
+    unchanged = branch(same, {
+        "out": (same.op("Identity", names["out"]), INT32),
+        "rows": (same.op("Range", zero, same.op("Size", names["sents"]), one), INT64),
+        "sents": (same.op("Identity", names["sents"]), INT64),
+        "tokens": (same.op("Identity", token), INT64)})
+    labels = ["out", "rows", "sents", "tokens"]
+    chosen = dict(zip(labels, n.ops("If", [some_done], len(labels), then_branch=ended,
+                                    else_branch=unchanged)))
+    tokens = n.op("Unsqueeze", n.op("Cast", chosen["tokens"], to=INT32), axis_1)  # (N', 1)
+    outputs = {
+        "sents": chosen["sents"], "tokens": tokens, "out": chosen["out"],
+        "history": n.op("Concat", n.op("Gather", names["history"], chosen["rows"], axis=0),
+                        tokens, axis=1),
+        **{s: n.op("Gather", produced[s.replace("past_", "present_")], chosen["rows"], axis=0)
+           for s in selfs},
+        **{k: n.op("Gather", names[k], chosen["rows"], axis=0) for k in (*crosses, "mask")},
+    }
+    go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
+    types = {"sents": INT64, "tokens": INT32, "history": INT32, "out": INT32, "mask": INT32,
+             **{s: float_types[s] for s in selfs + crosses}}
+    value = helper.make_tensor_value_info
+    inputs = [value(it, INT64, []), value(p + "condition", BOOL, []),
+              *(value(names[c], types[c], None) for c in carried)]
+    results = [value(go_on, BOOL, []), *(value(outputs[c], types[c], None) for c in carried)]
+    return helper.make_graph(n.nodes, "greedy_step", inputs, results)
+
+
 def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, length: str,
                max_new: str) -> str:
     """out[sents[i]] = hypothesis[i] padded with PAD where better[i]; `length` (scalar) is the
@@ -232,48 +304,48 @@ def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, len
 
 def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int,
                  keep: set[str], inputs: dict[str, str], output: str, skip: str,
-                 skipped_output: str) -> list[onnx.NodeProto]:
+                 skipped_output: str, greedy: bool = False) -> list[onnx.NodeProto]:
     """Nodes of the outer graph from `inputs` (input_ids, max_length, min_length, num_beams,
     length_penalty -> the names to read) to `output` (sequences); `keep` names the weights
     (outer initializers). Where the bool scalar `skip` holds, nothing runs but a Loop of no
-    step and `output` is `skipped_output`."""
+    step and `output` is `skipped_output`. `greedy`: the one-beam search (`_greedy_body`),
+    which reads neither num_beams nor length_penalty."""
     selfs, crosses = _state_names(n_layers)
-    encode_nodes, encoded = inline(encoder, "encode/", {
-        "encoder_input_ids": inputs["input_ids"],
-        "encoder_attention_mask": "search/attention_mask"}, keep)
+    pre = "greedy/" if greedy else "search/"
+    mask = f"{pre}attention_mask"
+    encode_nodes, encoded = inline(encoder, f"{pre}encode/", {
+        "encoder_input_ids": inputs["input_ids"], "encoder_attention_mask": mask}, keep)
     cross_info = {v.name: v for v in decoder.input}
     dims = cross_info[crosses[0]].type.tensor_type.shape.dim
     heads, d_head = dims[1].dim_value, dims[3].dim_value
     float_type = cross_info[crosses[0]].type.tensor_type.elem_type
     vocab = next(o for o in decoder.output if o.name == "logits").type.tensor_type.shape.dim[2]
     vocab = vocab.dim_value
-    n = Nodes("search/")
+    n = Nodes(pre)
     is_pad = n.op("Equal", inputs["input_ids"], n.const(INT32, [PAD], []))
-    n.op("Cast", n.op("Not", is_pad), to=INT32, out="search/attention_mask")
+    n.op("Cast", n.op("Not", is_pad), to=INT32, out=mask)
     n.nodes.extend(encode_nodes)
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
 
     batch_1 = n.op("Shape", inputs["input_ids"], start=0, end=1)                      # (1,)
     batch = n.op("Squeeze", batch_1)
-    beams_1 = n.op("Cast", inputs["num_beams"], to=INT64)                             # (1,)
-    beams = n.op("Squeeze", beams_1)
     outer = {
-        "beams": beams,
-        "beams_1": beams_1,
-        "two_beams": n.op("Add", beams_1, beams_1),
         "max_new": n.op("Sub", n.op("Cast", inputs["max_length"], to=INT64), one_1),  # (1,)
         "min_length": n.op("Squeeze", n.op("Cast", inputs["min_length"], to=INT64)),
-        "length_penalty": n.op("Squeeze", inputs["length_penalty"]),
     }
-    outer["first_beams"] = n.op("Less", n.op("Range", zero, n.op("Squeeze", outer["two_beams"]),
-                                             one), beams)
+    if not greedy:
+        beams_1 = n.op("Cast", inputs["num_beams"], to=INT64)                         # (1,)
+        beams = n.op("Squeeze", beams_1)
+        two_beams = n.op("Add", beams_1, beams_1)
+        outer.update({
+            "beams": beams, "beams_1": beams_1, "two_beams": two_beams,
+            "first_beams": n.op("Less", n.op("Range", zero, n.op("Squeeze", two_beams), one),
+                                beams),
+            "length_penalty": n.op("Squeeze", inputs["length_penalty"])})
 
     # One row per sentence until the first step has chosen each sentence's K beams.
     cross_values = [encoded[c.replace("past_", "present_")] for c in crosses]
-    mask = "search/attention_mask"
-    scores = n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
-                  value=helper.make_tensor("v", FLOAT, [1], [0.0]))            # (B, 1)
     tokens = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
                   n.op("Concat", batch_1, one_1, axis=0))                     # (B, 1)
     history = n.op("ConstantOfShape", n.op("Concat", batch_1, zero_1, axis=0),
@@ -281,77 +353,93 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     empty_cache = n.op("ConstantOfShape", n.op("Concat", batch_1,
                                                 n.const(INT64, [heads, 0, d_head]), axis=0),
                        value=helper.make_tensor("v", float_type, [1], [0]))
-    best = n.op("ConstantOfShape", batch_1,
-                value=helper.make_tensor("v", FLOAT, [1], [float("-inf")]))
-    count = n.op("ConstantOfShape", batch_1, value=helper.make_tensor("v", INT64, [1], [0]))
     out = n.op("ConstantOfShape", n.op("Concat", batch_1, outer["max_new"], axis=0),
                value=helper.make_tensor("v", INT32, [1], [PAD]))              # (B, M)
     sents = n.op("Range", zero, batch, one)
     trip = n.op("Squeeze", outer["max_new"])
     start = n.op("Greater", trip, zero)
     # The Loop's start values and the body's outer values come out of an If, so that when
-    # `skip` holds (the operator searches this batch) none of the above runs.
+    # `skip` holds (another search takes this batch) none of the above runs.
+    # name: (value, type, the skipped path's dims and values)
     starts = {"trip": (trip, INT64, [], [0]), "start": (start, BOOL, [], [False]),
-              "sents": (sents, INT64, [0], []), "tokens": (tokens, INT32, [0, 1], []),
-              "scores": (scores, FLOAT, [0, 1], []), "history": (history, INT32, [0, 0], []),
-              "best": (best, FLOAT, [0], []), "count": (count, INT64, [0], []),
-              "out": (out, INT32, [0, 0], []),
-              "empty_cache": (empty_cache, float_type, [0, heads, 0, d_head], []),
-              **{c: (v, float_type, [0, heads, 1, d_head], [])
-                 for c, v in zip(crosses, cross_values)},
-              "mask": (mask, INT32, [0, 1], []), "batch_1": (batch_1, INT64, [1], [0]),
-              "beams": (beams, INT64, [], [1]), "beams_1": (outer["beams_1"], INT64, [1], [1]),
-              "two_beams": (outer["two_beams"], INT64, [1], [2]),
-              "first_beams": (outer["first_beams"], BOOL, [2], [True, False]),
-              "max_new": (outer["max_new"], INT64, [1], [0]),
-              "min_length": (outer["min_length"], INT64, [], [0]),
-              "length_penalty": (outer["length_penalty"], FLOAT, [], [1.0])}
-    exposed = {k: f"search/{k}" for k in starts}
-    dummies = [helper.make_node("Constant", [], [f"search/dummy_{k}"], value=helper.make_tensor(
+              "sents": (sents, INT64, [0], []), "tokens": (tokens, INT32, [0, 1], [])}
+    if not greedy:
+        starts.update({
+            "scores": (n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
+                            value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B, 1)
+                       FLOAT, [0, 1], []),
+            "best": (n.op("ConstantOfShape", batch_1,
+                          value=helper.make_tensor("v", FLOAT, [1], [float("-inf")])),
+                     FLOAT, [0], []),
+            "count": (n.op("ConstantOfShape", batch_1,
+                           value=helper.make_tensor("v", INT64, [1], [0])), INT64, [0], [])})
+    starts.update({
+        "history": (history, INT32, [0, 0], []), "out": (out, INT32, [0, 0], []),
+        "empty_cache": (empty_cache, float_type, [0, heads, 0, d_head], []),
+        **{c: (v, float_type, [0, heads, 1, d_head], []) for c, v in zip(crosses, cross_values)},
+        "mask": (mask, INT32, [0, 1], []), "batch_1": (batch_1, INT64, [1], [0]),
+        "max_new": (outer["max_new"], INT64, [1], [0]),
+        "min_length": (outer["min_length"], INT64, [], [0])})
+    if not greedy:
+        starts.update({
+            "beams": (beams, INT64, [], [1]), "beams_1": (beams_1, INT64, [1], [1]),
+            "two_beams": (two_beams, INT64, [1], [2]),
+            "first_beams": (outer["first_beams"], BOOL, [2], [True, False]),
+            "length_penalty": (outer["length_penalty"], FLOAT, [], [1.0])})
+    exposed = {k: f"{pre}{k}" for k in starts}
+    dummies = [helper.make_node("Constant", [], [f"{pre}dummy_{k}"], value=helper.make_tensor(
         f"dummy_{k}", dtype, dims, values)) for k, (_, dtype, dims, values) in starts.items()]
+    tag = pre.strip("/")
     setup = helper.make_node(
         "If", [skip], list(exposed.values()),
-        then_branch=helper.make_graph(dummies, "search_skipped", [], [
-            helper.make_tensor_value_info(f"search/dummy_{k}", dtype, None)
+        then_branch=helper.make_graph(dummies, f"{tag}_skipped", [], [
+            helper.make_tensor_value_info(f"{pre}dummy_{k}", dtype, None)
             for k, (_, dtype, _, _) in starts.items()]),
-        else_branch=helper.make_graph(n.nodes, "search_setup", [], [
+        else_branch=helper.make_graph(n.nodes, f"{tag}_setup", [], [
             helper.make_tensor_value_info(name, dtype, None)
             for name, dtype, _, _ in starts.values()]))
     outer = {k: exposed[k] for k in outer}
-    body = _body(decoder, n_layers, vocab, keep, outer)
-    ends = [f"search/end_{c}" for c in ("sents", "tokens", "scores", "history", "best",
-                                        "count", "out", *selfs, *crosses, "mask")]
+    small = ["sents", "tokens"] + ([] if greedy else ["scores"]) + ["history"] \
+        + ([] if greedy else ["best", "count"]) + ["out"]
+    body = (_greedy_body(decoder, n_layers, keep, outer) if greedy
+            else _body(decoder, n_layers, vocab, keep, outer))
+    ends = [f"{pre}end_{c}" for c in (*small, *selfs, *crosses, "mask")]
     loop = helper.make_node(
-        "Loop", [exposed[k] for k in ("trip", "start", "sents", "tokens", "scores", "history",
-                                      "best", "count", "out")]
+        "Loop", [exposed[k] for k in ("trip", "start", *small)]
         + [exposed["empty_cache"]] * len(selfs) + [exposed[c] for c in crosses]
         + [exposed["mask"]], ends, body=body)
-    end = dict(zip(("sents", "tokens", "scores", "history", "best", "count", "out"), ends))
+    end = dict(zip(small, ends))
 
-    # At the length limit, the open sentences' live beams compete with their finished ones.
-    n = Nodes("search/final/")
+    # At the length limit, the open sentences' live beams compete with their finished ones
+    # (greedy: each open sentence's one hypothesis is its result).
+    n = Nodes(f"{pre}final/")
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
     steps = n.op("Squeeze", n.op("Shape", end["history"], start=1, end=2))
-    penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
-    live = n.op("Div", end["scores"], penalty)                                # (N, 1 or K)
-    live_best = n.op("ReduceMax", live, n.const(INT64, [1]), keepdims=0)
-    live_rank = n.op("Squeeze", n.op("ArgMax", live, axis=1, keepdims=1), one_1)
-    n_open = n.op("Squeeze", n.op("Shape", end["sents"]))
-    beams_now = n.op("Squeeze", n.op("Shape", end["scores"], start=1, end=2))  # 1 or K
-    rows = n.op("Add", live_rank, n.op("Mul", n.op("Range", zero, n_open, one), beams_now))
-    better = n.op("Greater", live_best, end["best"])
-    final = write_best(n, end["out"], end["sents"], n.op("Gather", end["history"], rows, axis=0),
-                       better, steps, outer["max_new"])
+    if greedy:
+        better = n.op("ConstantOfShape", n.op("Shape", end["sents"]),
+                      value=helper.make_tensor("v", BOOL, [1], [True]))
+        hypotheses = end["history"]
+    else:
+        penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
+        live = n.op("Div", end["scores"], penalty)                            # (N, 1 or K)
+        live_best = n.op("ReduceMax", live, n.const(INT64, [1]), keepdims=0)
+        live_rank = n.op("Squeeze", n.op("ArgMax", live, axis=1, keepdims=1), one_1)
+        n_open = n.op("Squeeze", n.op("Shape", end["sents"]))
+        beams_now = n.op("Squeeze", n.op("Shape", end["scores"], start=1, end=2))  # 1 or K
+        rows = n.op("Add", live_rank, n.op("Mul", n.op("Range", zero, n_open, one), beams_now))
+        better = n.op("Greater", live_best, end["best"])
+        hypotheses = n.op("Gather", end["history"], rows, axis=0)
+    final = write_best(n, end["out"], end["sents"], hypotheses, better, steps, outer["max_new"])
     written = n.op("Slice", final, zero_1, n.op("Unsqueeze", steps, zero_1), one_1)
     bos = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
                n.op("Concat", exposed["batch_1"], one_1, axis=0))
     searched = n.op("Unsqueeze", n.op("Concat", bos, written, axis=1), one_1)
-    skipped = helper.make_node("Identity", [skipped_output], ["search/final/skipped"])
+    skipped = helper.make_node("Identity", [skipped_output], [f"{pre}final/skipped"])
     finish = helper.make_node(
         "If", [skip], [output],
-        then_branch=helper.make_graph([skipped], "search_not_run", [], [
-            helper.make_tensor_value_info("search/final/skipped", INT32, None)]),
-        else_branch=helper.make_graph(n.nodes, "search_final", [], [
+        then_branch=helper.make_graph([skipped], f"{tag}_not_run", [], [
+            helper.make_tensor_value_info(f"{pre}final/skipped", INT32, None)]),
+        else_branch=helper.make_graph(n.nodes, f"{tag}_final", [], [
             helper.make_tensor_value_info(searched, INT32, None)]))
     return [setup, loop, finish]
