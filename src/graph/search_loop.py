@@ -100,7 +100,9 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
 
     The first step runs one row per sentence (its K beams would be K copies of the same row);
     every step's chosen rows (K per sentence) gather the next state, which expands it to K
-    rows per sentence after the first."""
+    rows per sentence after the first. The cross-attention keys, values and source mask stay
+    one per sentence: a sentence's K beams are K queries of one cross-attention
+    (`_queries_per_sentence`)."""
     p = "step/"
     selfs, crosses = _state_names(n_layers)
     carried = ["sents", "tokens", "scores", "history", "best", "count", "out", *selfs, *crosses,
@@ -111,7 +113,9 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     step_nodes, produced = inline(decoder, p + "decoder/", wiring, keep)
     float_types = {v.name: v.type.tensor_type.elem_type for v in decoder.input}
     n = Nodes(p)
-    n.nodes.extend(step_nodes)
+    n_open = n.op("Shape", names["sents"])                                    # (1,) N
+    n.nodes.extend(_queries_per_sentence(n, step_nodes, {names[c] for c in crosses}, n_open,
+                                         _width(decoder)))
     it = p + "iteration"
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     axis_1 = n.const(INT64, [1])
@@ -124,7 +128,6 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     eos_ban = n.const(FLOAT, [float("-inf") if i == EOS else 0.0 for i in range(vocab)])
     no_ban = n.const(FLOAT, [0.0] * vocab)
     logp = n.op("Add", logp, n.op("Where", banned, eos_ban, no_ban))
-    n_open = n.op("Shape", names["sents"])                                    # (1,) N
     rows_now = n.op("Div", n.op("Shape", names["tokens"], start=0, end=1), n_open)  # (1,)
     minus_one = n.const(INT64, [-1])
     beams = n.op("Reshape", logp, n.op("Concat", n_open, minus_one, n.const(INT64, [vocab]),
@@ -185,9 +188,11 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
 
     # An If copies every value it returns, so its branches pick only small index tensors; the
     # caches, the cross-attention keys and values and the mask are gathered outside it.
-    def picked(b: Nodes, rows: str, tokens: str, small: dict[str, str]) -> onnx.GraphProto:
+    def picked(b: Nodes, rows: str, kept: str, tokens: str,
+               small: dict[str, str]) -> onnx.GraphProto:
         return branch(b, {
             "rows": (b.op("Reshape", rows, b.const(INT64, [-1])), INT64),
+            "kept": (kept, INT64),
             "tokens": (b.op("Reshape", tokens, b.const(INT64, [-1, 1])), INT32),
             **{k: (v, types[k]) for k, v in small.items()}})
 
@@ -195,20 +200,21 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     drop = Nodes(p + "drop/")
     still_open = drop.op("Less", count, outer["beams"])                      # (N,)
     dropped = picked(drop, drop.op("Compress", order, still_open, axis=0),
+                     drop.op("Reshape", drop.op("NonZero", still_open), drop.const(INT64, [-1])),
                      drop.op("Compress", next_token, still_open, axis=0),
                      {k: drop.op("Compress", state[k], still_open, axis=0) for k in small})
     same = Nodes(p + "same/")
-    same_set = picked(same, order, next_token, {k: same.op("Identity", state[k]) for k in small})
-    labels = ["rows", "tokens", *small]
+    same_set = picked(same, order, same.op("Range", zero, same.op("Squeeze", n_open), one),
+                      next_token, {k: same.op("Identity", state[k]) for k in small})
+    labels = ["rows", "kept", "tokens", *small]
     chosen = dict(zip(labels, n.ops("If", [some_done], len(labels), then_branch=dropped,
                                     else_branch=same_set)))
     results = {
         **{k: chosen[k] for k in ("tokens", *small)},
         "history": n.op("Concat", n.op("Gather", names["history"], chosen["rows"], axis=0),
                         chosen["tokens"], axis=1),
-        # A row's source rows are its sentence's: the chosen rows' are the right ones.
-        **{k: n.op("Gather", state[k], chosen["rows"], axis=0)
-           for k in (*selfs, "mask", *crosses)},
+        **{s: n.op("Gather", state[s], chosen["rows"], axis=0) for s in selfs},
+        **{k: n.op("Gather", state[k], chosen["kept"], axis=0) for k in ("mask", *crosses)},
     }
     outputs = {**results, "out": out}
     go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
@@ -218,6 +224,35 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
               *(value(names[c], types[c], None) for c in carried)]
     results = [value(go_on, BOOL, []), *(value(outputs[c], types[c], None) for c in carried)]
     return helper.make_graph(n.nodes, "search_step", inputs, results)
+
+
+def _width(decoder: onnx.GraphProto) -> int:
+    """The model width (heads x d_head) from the decoder's cross-attention inputs."""
+    dims = next(v for v in decoder.input if "_cross_" in v.name).type.tensor_type.shape.dim
+    return dims[1].dim_value * dims[3].dim_value
+
+
+def _queries_per_sentence(n: Nodes, nodes: list[onnx.NodeProto], cross: set[str],
+                          n_open: str, width: int) -> list[onnx.NodeProto]:
+    """`nodes` with each cross-attention (a MultiHeadAttention reading keys in `cross`) taking
+    its queries as (N, K, D), a sentence's K beams in a row, over keys and values of N
+    sentences: beams share their sentence's keys, so nothing is copied per beam and each
+    (sentence, head) is one product instead of K. Reshape nodes go to `n`, before `nodes`."""
+    by_sentence = n.op("Concat", n_open, n.const(INT64, [-1, width]), axis=0)
+    by_row = n.const(INT64, [-1, 1, width])
+    rewritten = []
+    for node in nodes:
+        if node.op_type == "MultiHeadAttention" and len(node.input) > 1 \
+                and node.input[1] in cross:
+            query, output = node.input[0], node.output[0]
+            node.input[0] = f"{query}_per_sentence"
+            node.output[0] = f"{output}_per_sentence"
+            rewritten += [helper.make_node("Reshape", [query, by_sentence], [node.input[0]]),
+                          node,
+                          helper.make_node("Reshape", [node.output[0], by_row], [output])]
+        else:
+            rewritten.append(node)
+    return rewritten
 
 
 def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
