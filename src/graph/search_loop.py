@@ -448,7 +448,6 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     # At the length limit, the open sentences' live beams compete with their finished ones
     # (greedy: each open sentence's one hypothesis is its result).
     n = Nodes(f"{pre}final/")
-    zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
     steps = n.op("Squeeze", n.op("Shape", end["history"], start=1, end=2))
     if greedy:
@@ -456,6 +455,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
                       value=helper.make_tensor("v", BOOL, [1], [True]))
         hypotheses = end["history"]
     else:
+        zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
         penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
         live = n.op("Div", end["scores"], penalty)                            # (N, 1 or K)
         live_best = n.op("ReduceMax", live, n.const(INT64, [1]), keepdims=0)
