@@ -190,9 +190,9 @@ def test_int8_decoder_multiplies_every_weight_in_integers(project):
     float_products = [n.name for n in decoder.node if n.op_type in ("MatMul", "Gemm")
                       and n.input[1] in shapes and len(shapes[n.input[1]]) == 2]
     assert float_products == []
-    # per decoder layer (train_tiny has 1): self-attention q, k, v, out; cross q, out; FFN 2;
-    # then the projection
-    assert sum(n.op_type == "MatMulInteger" for n in decoder.node) == (4 + 2 + 2) * 1 + 1
+    # per decoder layer (train_tiny has 1): self-attention q, k, v as one product, out; cross
+    # q, out; FFN 2; then the projection
+    assert sum(n.op_type == "MatMulInteger" for n in decoder.node) == (2 + 2 + 2) * 1 + 1
     dequantized = [n.input[0] for n in decoder.node if n.op_type == "DequantizeLinear"]
     assert not set(dequantized) & set(shapes)  # only gathered rows, never a whole table
 

@@ -82,10 +82,11 @@ class CrossAttentionKV(nn.Module):
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
+        self.qkv = nn.ModuleList(onnx_attention.QKV(layer.self_attn) for layer in model.encoder)
 
     def forward(self, encoder_input_ids: Tensor, encoder_attention_mask: Tensor):
         memory = onnx_attention.encode(self.model, encoder_input_ids.long(),
-                                       encoder_attention_mask)
+                                       encoder_attention_mask, self.qkv)
         return tuple(t for kv in self.model.cross_kv(memory) for t in kv)  # 2L x (B, H, S, dh)
 
 
@@ -104,13 +105,14 @@ class DecoderStep(nn.Module):
         ban = torch.zeros(model.config.tgt_vocab)
         ban[list(BANNED)] = float("-inf")
         self.register_buffer("ban", ban, persistent=False)
+        self.qkv = nn.ModuleList(onnx_attention.QKV(layer.self_attn) for layer in model.decoder)
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, kv: tuple[Tensor, ...]):
         n = len(self.model.decoder)
         past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]  # (B, H, T, dh) each
         cross = [(kv[2 * (n + i)], kv[2 * (n + i) + 1]) for i in range(n)]  # (B, H, S, dh)
         hidden, cache = onnx_attention.decode_step_hidden(self.model, input_ids.long(), past,
-                                                          cross, encoder_attention_mask)
+                                                          cross, encoder_attention_mask, self.qkv)
         logits = F.linear(hidden, self.model.generator.weight, self.ban)  # (B, V)
         return (logits[:, None, :], *(t for kv_pair in cache for t in kv_pair))  # (B, 1, V), ...
 
