@@ -124,6 +124,23 @@ TRANSLATIONS = {
 }
 
 
+class QKV(nn.Module):
+    """One self-attention's query, key and value projections as one stored (3D, D) matrix:
+    one int8 MatMul of three times the width, one node instead of three, in the exported
+    graph. Stored (a buffer), not concatenated in forward: the quantizer only quantizes
+    products of stored weights."""
+
+    def __init__(self, attn: MultiHeadAttention):
+        super().__init__()
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.register_buffer("weight", torch.cat([p.weight for p in projections]).detach())
+        self.register_buffer("bias", torch.cat([p.bias for p in projections]).detach())
+
+    def forward(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = F.linear(h, self.weight, self.bias).chunk(3, dim=-1)
+        return q, k, v
+
+
 def encode(model: Transformer, src: Tensor, key_mask: Tensor,
            qkv: Sequence[QKV] | None = None) -> Tensor:
     """`Transformer.encode` with the fused attention: src (B, S) ids, key_mask (B, S) int ->
@@ -140,23 +157,6 @@ def encode(model: Transformer, src: Tensor, key_mask: Tensor,
 
         x = layer.res_ffn(layer.res_attn(x, attend), layer.ffn)
     return model.enc_norm(x)
-
-
-class QKV(nn.Module):
-    """One self-attention's query, key and value projections as one stored (3D, D) matrix:
-    one int8 MatMul of three times the width, one node instead of three, in the exported
-    graph. Stored (a buffer), not concatenated in forward: the quantizer only quantizes
-    products of stored weights."""
-
-    def __init__(self, attn: MultiHeadAttention):
-        super().__init__()
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        self.register_buffer("weight", torch.cat([p.weight for p in projections]).detach())
-        self.register_buffer("bias", torch.cat([p.bias for p in projections]).detach())
-
-    def forward(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = F.linear(h, self.weight, self.bias).chunk(3, dim=-1)
-        return q, k, v
 
 
 def _layer_step(layer: DecoderLayer, qkv: QKV, y: Tensor, past: KV, cross: KV,

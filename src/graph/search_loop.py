@@ -114,8 +114,9 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     float_types = {v.name: v.type.tensor_type.elem_type for v in decoder.input}
     n = Nodes(p)
     n_open = n.op("Shape", names["sents"])                                    # (1,) N
+    heads, d_head, _ = _cross_input(decoder)
     n.nodes.extend(_queries_per_sentence(n, step_nodes, {names[c] for c in crosses}, n_open,
-                                         _width(decoder)))
+                                         heads * d_head))
     it = p + "iteration"
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     axis_1 = n.const(INT64, [1])
@@ -226,10 +227,10 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     return helper.make_graph(n.nodes, "search_step", inputs, results)
 
 
-def _width(decoder: onnx.GraphProto) -> int:
-    """The model width (heads x d_head) from the decoder's cross-attention inputs."""
-    dims = next(v for v in decoder.input if "_cross_" in v.name).type.tensor_type.shape.dim
-    return dims[1].dim_value * dims[3].dim_value
+def _cross_input(decoder: onnx.GraphProto) -> tuple[int, int, int]:
+    """(heads, d_head, element type) of the decoder's cross-attention inputs (B, H, S, dh)."""
+    tensor = next(v for v in decoder.input if "_cross_" in v.name).type.tensor_type
+    return tensor.shape.dim[1].dim_value, tensor.shape.dim[3].dim_value, tensor.elem_type
 
 
 def _queries_per_sentence(n: Nodes, nodes: list[onnx.NodeProto], cross: set[str],
@@ -350,10 +351,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     mask = f"{pre}attention_mask"
     encode_nodes, encoded = inline(encoder, f"{pre}encode/", {
         "encoder_input_ids": inputs["input_ids"], "encoder_attention_mask": mask}, keep)
-    cross_info = {v.name: v for v in decoder.input}
-    dims = cross_info[crosses[0]].type.tensor_type.shape.dim
-    heads, d_head = dims[1].dim_value, dims[3].dim_value
-    float_type = cross_info[crosses[0]].type.tensor_type.elem_type
+    heads, d_head, float_type = _cross_input(decoder)
     vocab = next(o for o in decoder.output if o.name == "logits").type.tensor_type.shape.dim[2]
     vocab = vocab.dim_value
     n = Nodes(pre)
