@@ -92,6 +92,39 @@ def _state_names(n_layers: int) -> tuple[list[str], list[str]]:
     return selfs, crosses
 
 
+class Step:
+    """What both Loop bodies start from: their carried values (`carried`, the small ones first,
+    then the self-attention caches, cross-attention keys and values and the source mask), the
+    names the body reads them by, their types, and the decoder-step nodes inlined to read
+    them (`nodes`; `produced` maps its outputs to their names here)."""
+
+    SMALL_TYPES = {"sents": INT64, "tokens": INT32, "scores": FLOAT, "history": INT32,
+                   "best": FLOAT, "count": INT64, "out": INT32, "mask": INT32}
+
+    def __init__(self, decoder: onnx.GraphProto, n_layers: int, keep: set[str], prefix: str,
+                 small: list[str]):
+        self.prefix = prefix
+        self.selfs, self.crosses = _state_names(n_layers)
+        self.carried = [*small, *self.selfs, *self.crosses, "mask"]
+        self.names = {c: prefix + c for c in self.carried}
+        wiring = {"input_ids": self.names["tokens"], "encoder_attention_mask": self.names["mask"],
+                  **{c: self.names[c] for c in self.selfs + self.crosses}}
+        self.nodes, self.produced = inline(decoder, prefix + "decoder/", wiring, keep)
+        caches = {v.name: v.type.tensor_type.elem_type for v in decoder.input}
+        self.types = {**self.SMALL_TYPES, **{c: caches[c] for c in self.selfs + self.crosses}}
+        self.iteration = prefix + "iteration"
+
+    def graph(self, nodes: list[onnx.NodeProto], name: str, go_on: str,
+              outputs: dict[str, str]) -> onnx.GraphProto:
+        """The Loop body: (iteration, condition, carried...) -> (go_on, carried...)."""
+        value = helper.make_tensor_value_info
+        inputs = [value(self.iteration, INT64, []), value(self.prefix + "condition", BOOL, []),
+                  *(value(self.names[c], self.types[c], None) for c in self.carried)]
+        results = [value(go_on, BOOL, []),
+                   *(value(outputs[c], self.types[c], None) for c in self.carried)]
+        return helper.make_graph(nodes, name, inputs, results)
+
+
 def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
           outer: dict[str, str]) -> onnx.GraphProto:
     """One step for the sentences still open. `outer` names values of the enclosing graph:
@@ -104,20 +137,16 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     one per sentence: a sentence's K beams are K queries of one cross-attention
     (`_queries_per_sentence`)."""
     p = "step/"
-    selfs, crosses = _state_names(n_layers)
-    carried = ["sents", "tokens", "scores", "history", "best", "count", "out", *selfs, *crosses,
-               "mask"]
-    names = {c: p + c for c in carried}
-    wiring = {"input_ids": names["tokens"], "encoder_attention_mask": names["mask"],
-              **{c: names[c] for c in selfs + crosses}}
-    step_nodes, produced = inline(decoder, p + "decoder/", wiring, keep)
-    float_types = {v.name: v.type.tensor_type.elem_type for v in decoder.input}
+    step = Step(decoder, n_layers, keep, p,
+                ["sents", "tokens", "scores", "history", "best", "count", "out"])
+    selfs, crosses, names, produced, types = (step.selfs, step.crosses, step.names,
+                                              step.produced, step.types)
     n = Nodes(p)
     n_open = n.op("Shape", names["sents"])                                    # (1,) N
     heads, d_head, _ = _cross_input(decoder)
-    n.nodes.extend(_queries_per_sentence(n, step_nodes, {names[c] for c in crosses}, n_open,
+    n.nodes.extend(_queries_per_sentence(n, step.nodes, {names[c] for c in crosses}, n_open,
                                          heads * d_head))
-    it = p + "iteration"
+    it = step.iteration
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     axis_1 = n.const(INT64, [1])
     minus_inf = n.const(FLOAT, [float("-inf")], [])
@@ -180,9 +209,6 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     # the others' beams follow their chosen rows.
     some_done = n.op("Greater", n.op("ReduceMax", n.op("Cast", n.op(
         "GreaterOrEqual", count, outer["beams"]), to=INT64), keepdims=0), zero)
-    types = {"sents": INT64, "tokens": INT32, "scores": FLOAT, "history": INT32,
-             "best": FLOAT, "count": INT64, "mask": INT32,
-             **{s: float_types[s] for s in selfs + crosses}}
     state = {"sents": names["sents"], "scores": next_scores, "best": best, "count": count,
              "mask": names["mask"], **{c: names[c] for c in crosses},
              **{s: produced[s.replace("past_", "present_")] for s in selfs}}
@@ -219,12 +245,7 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     }
     outputs = {**results, "out": out}
     go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
-    value = helper.make_tensor_value_info
-    types["out"] = INT32
-    inputs = [value(it, INT64, []), value(p + "condition", BOOL, []),
-              *(value(names[c], types[c], None) for c in carried)]
-    results = [value(go_on, BOOL, []), *(value(outputs[c], types[c], None) for c in carried)]
-    return helper.make_graph(n.nodes, "search_step", inputs, results)
+    return step.graph(n.nodes, "search_step", go_on, outputs)
 
 
 def _cross_input(decoder: onnx.GraphProto) -> tuple[int, int, int]:
@@ -263,16 +284,11 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     token is EOS is written out and dropped; EOS banned (before min_length) passes the turn
     to the second best. `outer`: max_new (1,), min_length (scalar)."""
     p = "greedy_step/"
-    selfs, crosses = _state_names(n_layers)
-    carried = ["sents", "tokens", "history", "out", *selfs, *crosses, "mask"]
-    names = {c: p + c for c in carried}
-    wiring = {"input_ids": names["tokens"], "encoder_attention_mask": names["mask"],
-              **{c: names[c] for c in selfs + crosses}}
-    step_nodes, produced = inline(decoder, p + "decoder/", wiring, keep)
-    float_types = {v.name: v.type.tensor_type.elem_type for v in decoder.input}
+    step = Step(decoder, n_layers, keep, p, ["sents", "tokens", "history", "out"])
+    selfs, crosses, names, produced = step.selfs, step.crosses, step.names, step.produced
     n = Nodes(p)
-    n.nodes.extend(step_nodes)
-    it = p + "iteration"
+    n.nodes.extend(step.nodes)
+    it = step.iteration
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     axis_1, eos = n.const(INT64, [1]), n.const(INT64, [EOS], [])
 
@@ -317,13 +333,7 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
         **{k: n.op("Gather", names[k], chosen["rows"], axis=0) for k in (*crosses, "mask")},
     }
     go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
-    types = {"sents": INT64, "tokens": INT32, "history": INT32, "out": INT32, "mask": INT32,
-             **{s: float_types[s] for s in selfs + crosses}}
-    value = helper.make_tensor_value_info
-    inputs = [value(it, INT64, []), value(p + "condition", BOOL, []),
-              *(value(names[c], types[c], None) for c in carried)]
-    results = [value(go_on, BOOL, []), *(value(outputs[c], types[c], None) for c in carried)]
-    return helper.make_graph(n.nodes, "greedy_step", inputs, results)
+    return step.graph(n.nodes, "greedy_step", go_on, outputs)
 
 
 def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, length: str,
