@@ -87,6 +87,8 @@ def main(
     clients: str = typer.Option("1,4,16", help="Concurrent clients, comma-separated."),
     batches: str = typer.Option("1,32", help="Sentences per request, comma-separated."),
     timeout: float = typer.Option(120, min=1, help="Seconds before a request counts as lost."),
+    warmup: int = typer.Option(0, min=0, help="Untimed requests before each HTTP row, at its "
+                               "concurrency (every worker's first runs are slower)."),
     onnx: Path = typer.Option(None, help="Also time src.infer's translator on this model."),
     threads: int = typer.Option(2, min=1, help="ONNX Runtime threads of the --onnx row."),
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
@@ -103,6 +105,8 @@ def main(
         if onnx is not None:
             plans.insert(0, ("src.infer", 1))
         for via, n_clients in plans:
+            if via == "http" and warmup:
+                load(url.rstrip("/"), pool, batch, n_clients, warmup, timeout)
             row = (in_process(onnx, pool, batch, requests, threads) if via == "src.infer"
                    else load(url.rstrip("/"), pool, batch, n_clients, requests, timeout))
             row = {"via": via, "batch": batch, "clients": n_clients, "requests": requests} | row

@@ -76,6 +76,38 @@ def test_predict_checks_the_request_and_hands_the_translator_its_settings():
     refused(lambda: model.predict(None, []), "no sentences")
 
 
+@pytest.mark.parametrize("environ, threads", [
+    ({}, 1), ({"NMT_THREADS": ""}, 1), ({"NMT_THREADS": "2"}, 2), ({"NMT_THREADS": " 4 "}, 4)])
+def test_the_served_model_opens_its_session_with_the_threads_asked_for(monkeypatch, environ,
+                                                                        threads):
+    from types import SimpleNamespace
+
+    from src.runtime import serving
+
+    opened = []
+
+    def load_translator(model, tokenizer, provider, threads, warn):
+        opened.append((model, tokenizer, threads))
+        return SimpleNamespace(ran_on="CPUExecutionProvider")
+
+    monkeypatch.setattr(serving, "load_translator", load_translator)
+    monkeypatch.delenv("NMT_THREADS", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    context = SimpleNamespace(artifacts={"model": "m.onnx", "tokenizer": "tok"})
+    serving.TranslationModel().load_context(context)
+    assert opened == [(Path("m.onnx"), Path("tok"), threads)]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_a_thread_count_that_is_not_a_whole_number_above_zero_is_refused(value):
+    from src.core.errors import PipelineError
+    from src.runtime.serving import serving_threads
+
+    with pytest.raises(PipelineError, match=f"NMT_THREADS='{value}'"):
+        serving_threads({"NMT_THREADS": value})
+
+
 def test_the_model_declares_its_runtime_and_never_torch():
     from importlib.metadata import version
 

@@ -14,6 +14,7 @@ version of `nmt-<src>-<tgt>` and points the alias `candidate` at it.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from typing import Any
 
 import mlflow.pyfunc
 
+from src.core.errors import PipelineError
 from src.core.paths import text_twin
 from src.runtime.generation import MAX_BEAM, load_translator
 
@@ -90,6 +92,25 @@ def search_params(params: dict | None) -> tuple[int | None, int | None]:
     return values["beam"], values["max_length"]
 
 
+THREADS_VARIABLE = "NMT_THREADS"  # ONNX Runtime threads per request of a served model
+# One thread per request: the server runs concurrent requests side by side (MLflow's scoring
+# server calls predict in a thread pool), and under 4 and 16 clients that beat two threads per
+# request on 2 cores; a lone client with large batches is faster with two (docs/serving.md).
+SERVING_THREADS = 1
+
+
+def serving_threads(environ: dict[str, str]) -> tuple[int, str]:
+    """ONNX Runtime threads of the served model, and why: NMT_THREADS when set, else
+    SERVING_THREADS."""
+    text = environ.get(THREADS_VARIABLE, "").strip()
+    if not text:
+        return SERVING_THREADS, f"the serving default ({THREADS_VARIABLE} unset)"
+    if not (text.isdigit() and int(text) >= 1):
+        raise PipelineError(f"{THREADS_VARIABLE}={text!r}: expected a whole number of at "
+                            f"least 1 (ONNX Runtime threads per request)")
+    return int(text), f"{THREADS_VARIABLE}={text}"
+
+
 class TranslationModel(mlflow.pyfunc.PythonModel):
     """Sentences in, translations out (one per input, in order)."""
 
@@ -97,10 +118,11 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         import logging
 
         log = logging.getLogger("nmt.serving")
+        threads, why = serving_threads(dict(os.environ))
         self.translator = load_translator(
             Path(context.artifacts["model"]), Path(context.artifacts["tokenizer"]),
-            provider="auto", warn=log.warning)
-        log.info("nmt: %s", self.translator.ran_on)
+            provider="auto", threads=threads, warn=log.warning)
+        log.info("nmt: %s; %d ONNX Runtime thread(s): %s", self.translator.ran_on, threads, why)
 
     # The type hints are the signature: MLflow checks requests against them strictly (a number
     # or a null is a 400, not the string "42"), where a column schema would convert them.
