@@ -3,7 +3,7 @@
 Converts models/model.pt to CTranslate2 (src.to_ctranslate2), checks that both engines
 translate the test split alike (identical strings and BLEU, beam 4, batch 32, fp32 and int8),
 then times text -> text (SentencePiece included on both sides) on the test sources at their
-natural lengths, sorted by length into batches as `src.infer --input` does, for every
+natural lengths, sorted by source tokens into batches as `src.infer --input` does, for every
 beam x batch x precision x thread count asked for. Needs the optional extra:
 
     pip install -e '.[ctranslate2]'
@@ -77,11 +77,13 @@ class OnnxEngine:
         return self.translator.translate(lines, beam, None, batch_size=len(lines))
 
 
-def translate_all(engine, lines: list[str], batch_size: int, beam: int):
-    """The file through `engine` in src.infer's batches; (translations, seconds)."""
+def translate_all(engine, lines: list[str], batch_size: int, beam: int,
+                  lengths: dict[int, int]):
+    """The file through `engine` in src.infer's batches (by source tokens, `lengths`);
+    (translations, seconds)."""
     start = time.perf_counter()
     out = generation.translate_in_batches(
-        lines, batch_size, lambda idx: engine.run([lines[i] for i in idx], beam))
+        lines, batch_size, lambda idx: engine.run([lines[i] for i in idx], beam), lengths)
     return out, time.perf_counter() - start
 
 
@@ -122,7 +124,10 @@ def main() -> None:
     ct2_types = {"fp32": "float32", "int8": "int8", "fp16": "float16"}
     sources, references = load_test(args.split_dir)
     target_lang = json.loads((tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
-    meta = generation.load_translator(onnx_files["fp32"], threads=1).meta
+    reference = generation.load_translator(onnx_files["fp32"], threads=1, warn=lambda _: None)
+    meta = reference.meta
+    lengths = {i: len(reference.encode(line, i + 1))  # source tokens, as src.infer batches
+               for i, line in enumerate(sources) if line.strip()}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as work:
         ct2_dir = convert(args.models / "model.pt", tokenizer_dir, Path(work) / "ct2")
@@ -137,7 +142,8 @@ def main() -> None:
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
         quality, outputs = {}, {}
         for (engine_name, precision), make in engines.items():
-            outputs[engine_name, precision], _ = translate_all(make(), sources, 32, 4)
+            outputs[engine_name, precision], _ = translate_all(make(), sources, 32, 4,
+                                                         lengths)
             quality[engine_name, precision] = bleu(outputs[engine_name, precision],
                                                    references, target_lang)
         for precision in args.precisions.split(","):
@@ -166,7 +172,7 @@ def main() -> None:
                             engine.run(lines[:size], beam)  # warm-up
                         for _ in range(args.repeats):
                             for name, engine in loaded.items():
-                                _, seconds = translate_all(engine, lines, size, beam)
+                                _, seconds = translate_all(engine, lines, size, beam, lengths)
                                 best[name] = min(best[name], seconds)
                         for name, seconds in best.items():
                             row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)

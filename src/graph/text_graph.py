@@ -21,6 +21,7 @@ removed, as in `Translator.run` (`subword.decode_ids`).
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import onnx
@@ -28,7 +29,13 @@ from onnx import TensorProto, helper
 
 from src.core.errors import PipelineError
 from src.data.subword import BROKEN_BYTE, CJK_RANGES, EOS, PAD
-from src.runtime.generation import GRAPH_FORMAT, TEXT_FORMAT, TEXT_INPUT, TEXT_OUTPUT
+from src.runtime.generation import (
+    GRAPH_FORMAT,
+    TEXT_FORMAT,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    TEXT_SOURCE_TOKENIZER,
+)
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"  # where onnxruntime-extensions registers its operators
 INT64_MAX = 2**63 - 1
@@ -188,7 +195,8 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
     graph.initializer.extend([*encode_consts, *decode_consts, *search])
     graph.name = "nmt text generation"
     model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    helper.set_model_props(model, {**meta, "format": TEXT_FORMAT})
+    helper.set_model_props(model, {**meta, "format": TEXT_FORMAT,
+                                   TEXT_SOURCE_TOKENIZER: base64.b64encode(source_model).decode()})
     return model
 
 

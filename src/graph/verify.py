@@ -17,6 +17,7 @@ from src.core.atomic import atomic_path
 from src.core.errors import PipelineError
 from src.core.params import ExportParams
 from src.core.scoring import bleu
+from src.data.batching import clip_source
 from src.data.subword import Tokenizers
 from src.graph import text_graph
 from src.nmt.search import (
@@ -62,11 +63,13 @@ def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
 
 def translate(session, sources: list[list[int]], texts: list[str], model, cfg: ExportParams):
     """Beam-search every source through the ONNX file in the batches `src.infer --input`
-    makes of the same text (`generation.length_batches`: an int8 model's output depends on its
-    batch), so the BLEU reported is the one a user gets; returns (ids in order, seconds)."""
+    makes of the same text (`generation.length_batches` by source tokens: an int8 model's
+    output depends on its batch), so the BLEU reported is the one a user gets; returns (ids
+    in order, seconds)."""
     out: list[list[int]] = [[] for _ in sources]
+    lengths = {i: len(clip_source(ids, model.max_positions)) for i, ids in enumerate(sources)}
     start = time.perf_counter()
-    for idx in generation.length_batches(texts, cfg.batch_size):
+    for idx in generation.length_batches(texts, cfg.batch_size, lengths):
         src = source_batch(sources, idx, model.max_positions)
         max_len = max_output_length(src, cfg.max_length_ratio, model)
         for i, hyp in zip(idx, generation.run_search(session, src.numpy(), max_len,
@@ -117,13 +120,15 @@ def check_parity(session, model, sources: list[list[int]], cfg: ExportParams) ->
 def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
                 sentences: list[str], cfg: ExportParams) -> None:
     """The text model must translate every sentence exactly as its generation model run
-    through the tokenizer, in the batches src.infer makes; raises PipelineError if not."""
+    through the tokenizer, both in the batches src.infer makes for the generation model (an
+    int8 model's output depends on its batch); raises PipelineError if not."""
     threads = os.cpu_count() or 1
     reference = generation.load_translator(generation_path, tokenizer_dir, "cpu", threads)
     text = generation.load_translator(text_path, None, "cpu", threads)
     encoded = [reference.encode(s, i + 1) for i, s in enumerate(sentences)]
     mismatches = []
-    for idx in generation.length_batches(sentences, cfg.batch_size):
+    lengths = {i: len(ids) for i, ids in enumerate(encoded)}
+    for idx in generation.length_batches(sentences, cfg.batch_size, lengths):
         want = reference.run([encoded[i] for i in idx], cfg.beam_size, None)
         have = text.run([sentences[i] for i in idx])
         mismatches += [f"test row {i}: {w!r} vs text model {h!r}"

@@ -16,9 +16,10 @@ import hashlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,9 @@ GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract c
 # SentencePiece inside through the onnxruntime-extensions operators, around the same search.
 TEXT_FORMAT = "nmt-text-1"
 TEXT_INPUT, TEXT_OUTPUT = "text", "translation"
+# A text model's metadata also holds its source SentencePiece model (base64), so a Python
+# caller batches a file by source tokens exactly as the generation model's translator does.
+TEXT_SOURCE_TOKENIZER = "source_tokenizer_base64"
 SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
                  "length_penalty", "repetition_penalty"]
 METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
@@ -178,22 +182,29 @@ def warn_stderr(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def length_batches(lines: list[str], batch_size: int) -> list[list[int]]:
-    """Indices of the non-blank lines, shortest first (by characters, then position), cut into
-    batches: how both translators, export's scoring and the engine benchmark group a file, so
-    a text model and its generation model see the same batches. That matters beyond padding:
-    int8 models quantize activations per batch, so an int8 translation can change with the
+def length_batches(lines: list[str], batch_size: int,
+                   lengths: Mapping[int, int] | None = None) -> list[list[int]]:
+    """Indices of the non-blank lines, shortest first (ties by position), cut into batches:
+    by `lengths[i]` (source tokens: the generation model's translator, whose batches then hold
+    little padding) or, without them, by characters (the text model tokenizes inside its
+    graph). Whatever scores or compares a file uses the batches its translator makes, since
+    int8 models quantize activations per batch: an int8 translation can change with the
     sentences that share its batch."""
+    def size(i: int):
+        return lengths[i] if lengths is not None else len(lines[i])
+
     order = sorted((i for i, line in enumerate(lines) if line.strip()),
-                   key=lambda i: (len(lines[i]), i))
+                   key=lambda i: (size(i), i))
     return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def translate_in_batches(lines: list[str], batch_size: int,
-                         run: Callable[[list[int]], list[str]]) -> list[str]:
-    """One output per line, in order, blank lines blank; `run` translates a batch (indices)."""
+                         run: Callable[[list[int]], list[str]],
+                         lengths: Mapping[int, int] | None = None) -> list[str]:
+    """One output per line, in order, blank lines blank; `run` translates a batch (indices)
+    of `length_batches`."""
     out = [""] * len(lines)
-    for idx in length_batches(lines, batch_size):
+    for idx in length_batches(lines, batch_size, lengths):
         for i, text in zip(idx, run(idx)):
             out[i] = text
     return out
@@ -265,18 +276,20 @@ class Translator(LoadedModel):
                   max_length: int | None = None, batch_size: int = 32,
                   first_line_no: int = 1) -> list[str]:
         """One output per input line, in order; blank lines stay blank. Lines are sorted by
-        length into batches (`length_batches`: little padding), and the order is restored."""
+        source tokens into batches (`length_batches`: little padding), and the order is
+        restored."""
         beam = beam or self.default_beam
         encoded = {i: self.encode(line, first_line_no + i)
                    for i, line in enumerate(lines) if line.strip()}
-        return translate_in_batches(lines, batch_size, lambda idx: self.run(
-            [encoded[i] for i in idx], beam, max_length))
+        return translate_in_batches(
+            lines, batch_size, lambda idx: self.run([encoded[i] for i in idx], beam, max_length),
+            {i: len(ids) for i, ids in encoded.items()})
 
 
 @dataclass
 class TextTranslator(LoadedModel):
     """A text model (`TEXT_FORMAT`): strings in, strings out, the search settings fixed at
-    export (its metadata says which); no tokenizer files and no sentencepiece needed."""
+    export (its metadata says which); no tokenizer files needed."""
 
     def run(self, lines: list[str]) -> list[str]:
         text = np.array(lines, dtype=object)
@@ -291,14 +304,37 @@ class TextTranslator(LoadedModel):
                                 f"(model.onnx) for --beam/--max-length, or write a text model "
                                 f"with other settings (python -m src.text_graph --help)")
 
+    @cached_property
+    def source(self):
+        """The source SentencePiece model from the metadata; None in a file written before
+        it was there (whose batches then go by characters)."""
+        encoded = self.meta.get(TEXT_SOURCE_TOKENIZER)
+        if not encoded:
+            return None
+        import base64
+
+        import sentencepiece as spm
+
+        return spm.SentencePieceProcessor(model_proto=base64.b64decode(encoded))
+
+    def source_lengths(self, lines: list[str]) -> dict[int, int] | None:
+        """Source tokens of each non-blank line as `Translator.encode` counts them (EOS
+        included, cut to the model's limit), or None without the tokenizer."""
+        if self.source is None:
+            return None
+        limit = int(self.meta["max_source_tokens"]) - 1
+        return {i: min(len(self.source.encode(line)), limit) + 1
+                for i, line in enumerate(lines) if line.strip()}
+
     def translate(self, lines: list[str], beam: int | None = None,
                   max_length: int | None = None, batch_size: int = 32,
                   first_line_no: int = 1) -> list[str]:
-        """As `Translator.translate` (same batches); a source longer than the model's limit
-        is cut inside the graph, silently."""
+        """As `Translator.translate` (the same batches); a source longer than the model's
+        limit is cut inside the graph, silently."""
         self.check_search(beam, max_length)
         return translate_in_batches(lines, batch_size,
-                                    lambda idx: self.run([lines[i] for i in idx]))
+                                    lambda idx: self.run([lines[i] for i in idx]),
+                                    self.source_lengths(lines))
 
 
 def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provider: str = "auto",
