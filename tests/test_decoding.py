@@ -63,6 +63,24 @@ def test_the_onnx_translator_drops_it_too(sp, monkeypatch):
     assert translator.run([[5, EOS]] * len(WANT), beam=1, max_length=12) == WANT
 
 
+def test_decoding_starts_no_threads_and_a_lone_row_decodes_as_in_a_batch(sp):
+    """SentencePiece's batch decode starts a thread per core on every call unless told one:
+    0.8 ms per call, more than a batch-1 search step's worth (docs/engines.md)."""
+    from src.data.subword import decode_ids
+
+    calls = []
+
+    class Recording:
+        def decode(self, ids, **options):
+            calls.append(options)
+            return sp.decode(ids, **options)
+
+    assert decode_ids(Recording(), rows(sp)) == WANT
+    assert [decode_ids(Recording(), [row]) for row in rows(sp)] == [[w] for w in WANT]
+    assert calls and all(options.get("num_threads") == 1 or not options for options in calls)
+    assert calls[0] == {"num_threads": 1}
+
+
 def test_the_text_graph_decodes_as_python_does(byte_model, sp):
     """The decode half of the text-in text-out graph, alone: (B, 1, T) ids and each row's
     source piece count in, strings out (a row with no source pieces stays blank)."""

@@ -55,7 +55,10 @@ def decode_ids(processor, rows, eos: int = EOS) -> list[str]:
     ids = [[int(i) for i in row if i > eos] for row in rows]
     if not ids:  # SentencePiece decodes an empty batch to one "" instead of no strings
         return []
-    texts = processor.decode(ids)
+    # One thread: SentencePiece's batch decode otherwise starts a thread per core on every
+    # call, which costs more than decoding a short batch (docs/engines.md); a lone row skips
+    # the batch call's own setup as well.
+    texts = [processor.decode(ids[0])] if len(ids) == 1 else processor.decode(ids, num_threads=1)
     return [join_cjk(drop_broken_bytes(text)) for text in texts]
 
 
