@@ -792,3 +792,20 @@ def test_engine_benchmark_checks_both_engines_agree(project, tmp_path):
     speed = [r for r in rows if r["kind"] == "speed"]
     assert [(r["threads"], r["beam"], r["batch"], r["sentences"], r["repeats"])
             for r in speed] == [(1, 1, 4, 8, 2)]
+
+
+def test_profile_script_shares_the_run_out_by_operator(project):
+    """scripts/profile_file.py on the tiny int8 model: the search's control nodes listed
+    apart, the int8 products among the leaf operators, every share below 100%."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/profile_file.py"),
+         str(project / "models/model.int8.onnx"), "--split-dir", str(project / "data/tokenized"),
+         "--sentences", "8", "--batch", "4", "--beam", "1", "--top", "5"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "8 sentences" in lines[0]
+    assert any(line.split()[:2] == ["control", "Loop"] for line in lines)
+    leaves = [line for line in lines[1:] if not line.strip().startswith("control")]
+    assert len(leaves) == 5 and any("DynamicQuantizeMatMul" in line for line in leaves)
+    assert all(0 < float(line.split("%")[0].split()[-1]) < 100 for line in leaves)

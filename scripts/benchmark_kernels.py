@@ -1,0 +1,166 @@
+"""ONNX Runtime's int8 kernels at the shapes of our decoder, one thread, on this CPU.
+
+    python scripts/benchmark_kernels.py                 # all four tables
+    python scripts/benchmark_kernels.py --json out.json
+
+Four questions behind docs/engines.md, each answered by one-node models timed alone:
+
+1. Is a VNNI path taken? DynamicQuantizeMatMul (our int8 files) against the fp32 MatMul of the
+   same shape, in GOPS: an int8 kernel far above fp32 uses the CPU's int8 dot products.
+2. Would static activation scales (calibrated QDQ) help? QuantizeLinear with a fixed scale +
+   MatMulIntegerToFloat against DynamicQuantizeMatMul, which finds the scale per call.
+3. Would block-quantized weights help? MatMulNBits (8 and 4 bits, int8 compute) against
+   DynamicQuantizeMatMul at one row (a batch-1 step) and 32 rows.
+4. Greedy's best token: TopK(2) (what the search Loop runs) against ArgMax over (32, vocab).
+
+Not a test: timings need an otherwise idle machine. Each variant runs in turn, three passes,
+and its fastest pass counts.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import typer
+from onnx import TensorProto, helper, numpy_helper
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+MS = "com.microsoft"
+
+
+def one_node_model(nodes, inputs: dict[str, int], output_type: int, initializers):
+    """A model of `nodes` with float inputs {name: columns} and one output `y`."""
+    graph = helper.make_graph(
+        nodes, "kernel",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["M", k])
+         for name, k in inputs.items()],
+        [helper.make_tensor_value_info("y", output_type, None)], initializers)
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)]).SerializeToString()
+
+
+def int8_weight(k: int, n: int):
+    rng = np.random.default_rng(0)
+    return [numpy_helper.from_array(rng.integers(-127, 127, (k, n), dtype=np.int8), "w"),
+            numpy_helper.from_array(np.array([0.01], np.float32), "w_scale"),
+            numpy_helper.from_array(np.array([0], np.int8), "w_zero")]
+
+
+def dynamic(k: int, n: int) -> bytes:
+    node = helper.make_node("DynamicQuantizeMatMul", ["x", "w", "w_scale", "w_zero"], ["y"],
+                            domain=MS)
+    return one_node_model([node], {"x": k}, TensorProto.FLOAT, int8_weight(k, n))
+
+
+def static(k: int, n: int) -> bytes:
+    scale = [numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"),
+             numpy_helper.from_array(np.array(128, np.uint8), "x_zero")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+             helper.make_node("MatMulIntegerToFloat",
+                              ["xq", "w", "x_scale", "w_scale", "x_zero", "w_zero"], ["y"],
+                              domain=MS)]
+    return one_node_model(nodes, {"x": k}, TensorProto.FLOAT, int8_weight(k, n) + scale)
+
+
+def fp32(k: int, n: int) -> bytes:
+    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32) * 0.05
+    return one_node_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": k},
+                          TensorProto.FLOAT, [numpy_helper.from_array(w, "w")])
+
+
+def nbits(k: int, n: int, bits: int, block: int) -> bytes:
+    from onnx import ModelProto
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(ModelProto.FromString(fp32(k, n)), bits=bits,
+                                     block_size=block, is_symmetric=True, accuracy_level=4)
+    quantizer.process()
+    return quantizer.model.model.SerializeToString()
+
+
+def best_of(models: dict[str, bytes], feed: dict[str, np.ndarray], calls: int) -> dict:
+    """Microseconds per call of each model, the fastest of three passes, models in turn."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    sessions = {name: ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+                for name, model in models.items()}
+    best = dict.fromkeys(sessions, float("inf"))
+    for _ in range(3):
+        for name, session in sessions.items():
+            for _ in range(max(calls // 20, 5)):
+                session.run(None, feed)
+            start = time.perf_counter()
+            for _ in range(calls):
+                session.run(None, feed)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+    return {name: round(us, 1) for name, us in best.items()}
+
+
+def features(k: int, rows: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)}
+
+
+def vnni_rows() -> list[dict]:
+    rows = []
+    for m, k, n in ((32, 512, 2048), (128, 512, 2048)):
+        us = best_of({"int8": dynamic(k, n), "fp32": fp32(k, n)}, features(k, m), 200)
+        rows.append({"table": "vnni", "m": m, "k": k, "n": n, "us": us,
+                     "gops": {name: round(2 * m * k * n / t / 1e3, 1) for name, t in us.items()}})
+    return rows
+
+
+def static_rows() -> list[dict]:
+    shapes = ((32, 512, 512), (32, 512, 1536), (32, 512, 2048), (32, 2048, 512), (4, 512, 512))
+    return [{"table": "static", "m": m, "k": k, "n": n,
+             "us": best_of({"dynamic": dynamic(k, n), "static": static(k, n)},
+                           features(k, m), 1000)} for m, k, n in shapes]
+
+
+def nbits_rows() -> list[dict]:
+    rows = []
+    for k, n in ((256, 768), (256, 1024), (1024, 256), (256, 8000)):
+        models = {"dynamic": dynamic(k, n), "nbits8_b32": nbits(k, n, 8, 32),
+                  "nbits8_b128": nbits(k, n, 8, 128), "nbits4_b32": nbits(k, n, 4, 32)}
+        for m in (1, 32):
+            rows.append({"table": "nbits", "m": m, "k": k, "n": n,
+                         "us": best_of(models, features(k, m), 1000 if m == 1 else 300)})
+    return rows
+
+
+def topk_rows(vocab: int = 8000) -> list[dict]:
+    two = [numpy_helper.from_array(np.array([2], np.int64), "two")]
+    models = {
+        "topk2": one_node_model([helper.make_node("TopK", ["x", "two"], ["v", "y"], axis=-1)],
+                                {"x": vocab}, TensorProto.INT64, two),
+        "argmax": one_node_model([helper.make_node("ArgMax", ["x"], ["y"], axis=-1,
+                                                   keepdims=0)],
+                                 {"x": vocab}, TensorProto.INT64, [])}
+    return [{"table": "topk", "m": 32, "n": vocab,
+             "us": best_of(models, features(vocab, 32), 2000)}]
+
+
+@app.command()
+def main(json_out: Path = typer.Option(None, "--json", help="Also write the rows here.")) -> None:
+    """Print one line per shape: microseconds per call of each variant at one thread."""
+    import onnxruntime as ort
+
+    rows = []
+    for table in (vnni_rows, static_rows, nbits_rows, topk_rows):
+        for row in table():
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if json_out:
+        json_out.write_text(json.dumps({
+            "command": "python scripts/benchmark_kernels.py", "onnxruntime": ort.__version__,
+            "cpu": platform.processor() or platform.machine(), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    app()

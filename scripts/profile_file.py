@@ -1,0 +1,83 @@
+"""Where an exported file spends a translation: ONNX Runtime's profiler, by operator or node.
+
+    python scripts/profile_file.py models/model.int8.onnx --beam 1 --batch 32 --threads 1
+    python scripts/profile_file.py models/model.onnx --beam 4 --by node --top 40
+
+Translates the first `--sentences` test sentences as `src.infer --input` does (batches by
+source tokens), after one warm-up batch, with `SessionOptions.enable_profiling` on, then sums
+each kernel's time by operator type (or by node) against the time spent in `session.run`.
+The control nodes (BeamSearch, Loop, If) are listed apart: their time includes the nodes
+they run. Profiling slows every node a little; compare shares, not speeds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
+
+from src.core import paths  # noqa: E402
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+CONTROL = ("BeamSearch", "Loop", "If")
+
+
+@app.command()
+def main(
+    model: Path = typer.Argument(..., help="An exported generation model (model.onnx, ...)."),
+    beam: int = typer.Option(4, min=1),
+    batch: int = typer.Option(32, min=1, help="Sentences per session.run."),
+    threads: int = typer.Option(1, min=1),
+    sentences: int = typer.Option(500, min=1, help="The first N test sentences."),
+    split_dir: Path = typer.Option(paths.TOKENIZED, help="The stored splits (test)."),
+    by: str = typer.Option("op", help="op: sum by operator type; node: by node name."),
+    top: int = typer.Option(20, min=1, help="Rows to print."),
+) -> None:
+    """Print the profile's top operators (or nodes) by kernel time, with their call counts."""
+    import onnxruntime as ort
+    from datasets import load_from_disk
+
+    from src.runtime import generation
+
+    lines = list(load_from_disk(str(split_dir))["test"]["source"])[:sentences]
+    translator = generation.load_translator(model, threads=threads, warn=lambda _: None)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(typer.get_app_dir("nmt-profile")) / "profile")
+    Path(options.profile_file_prefix).parent.mkdir(parents=True, exist_ok=True)
+    translator.session = ort.InferenceSession(str(model), options,
+                                              providers=["CPUExecutionProvider"])
+    translator.translate(lines[:batch], beam, batch_size=batch)  # warm-up, in the profile too
+    translator.translate(lines, beam, batch_size=batch)
+    trace = Path(translator.session.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
+    kernel, calls, run = Counter(), Counter(), 0
+    for event in events:
+        if event.get("cat") == "Session" and event["name"] == "model_run":
+            run += event["dur"]
+        elif event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            op = event["args"]["op_name"]
+            key = op if by == "op" else f"{op} {event['name'][:-len('_kernel_time')]}"
+            kernel[key] += event["dur"]
+            calls[key] += 1
+    leaves = sum(t for key, t in kernel.items() if key.split()[0] not in CONTROL)
+    print(f"{model.name}, beam {beam}, batch {batch}, {threads} thread(s), {len(lines)} "
+          f"sentences + a warm-up batch: session.run {run / 1e6:.3f} s, leaf kernels "
+          f"{leaves / 1e6:.3f} s")
+    for key in (k for k in kernel if k.split()[0] in CONTROL):
+        print(f"  control {key:<60} {kernel[key] / 1e3:9.1f} ms  calls {calls[key]}")
+    shown = [(k, t) for k, t in kernel.most_common() if k.split()[0] not in CONTROL][:top]
+    for key, t in shown:
+        print(f"  {key:<68} {t / 1e3:9.1f} ms {100 * t / max(run, 1):5.1f}%  calls {calls[key]}")
+
+
+if __name__ == "__main__":
+    app()
