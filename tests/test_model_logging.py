@@ -105,12 +105,13 @@ def test_loading_opens_the_logged_model_and_tokenizer_and_logs_where_it_runs(mon
                                                                             caplog):
     opened = []
 
-    def load_translator(model, tokenizer, provider, warn):
+    def load_translator(model, tokenizer, provider, threads, warn):
         opened.append((model, tokenizer, provider))
         warn("a warning from the runtime")
         return SimpleNamespace(ran_on="CPUExecutionProvider 152 nodes")
 
     monkeypatch.setattr(serving, "load_translator", load_translator)
+    monkeypatch.delenv("NMT_THREADS", raising=False)
     context = SimpleNamespace(artifacts={"model": "/m/model.onnx", "tokenizer": "/m/tokenizer",
                                          "model_int8": "/m/model.int8.onnx"})
     model = serving.TranslationModel()
@@ -120,7 +121,8 @@ def test_loading_opens_the_logged_model_and_tokenizer_and_logs_where_it_runs(mon
     assert model.translator.ran_on == "CPUExecutionProvider 152 nodes"
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
         ("nmt.serving", "WARNING", "a warning from the runtime"),
-        ("nmt.serving", "INFO", "nmt: CPUExecutionProvider 152 nodes")]
+        ("nmt.serving", "INFO", "nmt: CPUExecutionProvider 152 nodes; 1 ONNX Runtime thread(s): "
+                                "the serving default (NMT_THREADS unset)")]
 
 
 @pytest.mark.parametrize("installed, expected", [
