@@ -5,7 +5,8 @@
 
 Translates the first `--sentences` test sentences as `src.infer --input` does (batches by
 source tokens), after one warm-up batch, with `SessionOptions.enable_profiling` on, then sums
-each kernel's time by operator type (or by node) against the time spent in `session.run`.
+each kernel's time by operator type (or by node) against the time spent in `session.run`,
+and says how much of the timed pass went outside `session.run` (Python's share).
 The control nodes (BeamSearch, Loop, If) are listed apart: their time includes the nodes
 they run. Profiling slows every node a little; compare shares, not speeds.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -55,14 +57,17 @@ def main(
     translator.session = ort.InferenceSession(str(model), options,
                                               providers=["CPUExecutionProvider"])
     translator.translate(lines[:batch], beam, batch_size=batch)  # warm-up, in the profile too
+    start = time.perf_counter()
     translator.translate(lines, beam, batch_size=batch)
+    wall = time.perf_counter() - start
     trace = Path(translator.session.end_profiling())
     events = json.loads(trace.read_text())
     trace.unlink()
-    kernel, calls, run = Counter(), Counter(), 0
+    kernel, calls, run, runs = Counter(), Counter(), 0, []
     for event in events:
         if event.get("cat") == "Session" and event["name"] == "model_run":
             run += event["dur"]
+            runs.append(event["dur"])
         elif event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op = event["args"]["op_name"]
             key = op if by == "op" else f"{op} {event['name'][:-len('_kernel_time')]}"
@@ -72,6 +77,12 @@ def main(
     print(f"{model.name}, beam {beam}, batch {batch}, {threads} thread(s), {len(lines)} "
           f"sentences + a warm-up batch: session.run {run / 1e6:.3f} s, leaf kernels "
           f"{leaves / 1e6:.3f} s")
+    batches = -(-len(lines) // batch)
+    timed_run = sum(runs[-batches:]) / 1e6  # the timed pass's session.run calls
+    outside_ms = 1e3 * (wall - timed_run) / len(lines)
+    print(f"  the timed pass: {wall:.3f} s in translate, {timed_run:.3f} s of it in "
+          f"session.run; outside it (tokenizing, batching, decoding) {outside_ms:.3f} ms per "
+          f"sentence")
     for key in (k for k in kernel if k.split()[0] in CONTROL):
         print(f"  control {key:<60} {kernel[key] / 1e3:9.1f} ms  calls {calls[key]}")
     shown = [(k, t) for k, t in kernel.most_common() if k.split()[0] not in CONTROL][:top]

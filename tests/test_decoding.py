@@ -65,7 +65,7 @@ def test_the_onnx_translator_drops_it_too(sp, monkeypatch):
 
 def test_decoding_starts_no_threads_and_a_lone_row_decodes_as_in_a_batch(sp):
     """SentencePiece's batch decode starts a thread per core on every call unless told one:
-    0.8 ms per call, more than a batch-1 search step's worth (docs/engines.md)."""
+    at batch 1 that took more time than everything else outside the search (docs/engines.md)."""
     from src.data.subword import decode_ids
 
     calls = []
