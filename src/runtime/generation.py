@@ -222,6 +222,11 @@ class LoadedModel:
         return int(self.meta["beam_size"])
 
     @property
+    def source_piece_limit(self) -> int:
+        """Source pieces the model reads: its limit less one place for the EOS."""
+        return int(self.meta["max_source_tokens"]) - 1
+
+    @property
     def provider(self) -> str:
         """The provider ONNX Runtime put first (it runs what it can)."""
         return self.session.get_providers()[0]
@@ -251,7 +256,7 @@ class Translator(LoadedModel):
     def encode(self, text: str, line_no: int) -> list[int]:
         """Source ids + EOS, cut to the model's limit (with a warning)."""
         ids = self.source.encode(text)
-        limit = int(self.meta["max_source_tokens"]) - 1  # room for the EOS
+        limit = self.source_piece_limit
         if len(ids) > limit:
             self.warn(f"line {line_no}: {len(ids)} tokens, truncated to the model's limit "
                       f"of {limit}")
@@ -322,8 +327,7 @@ class TextTranslator(LoadedModel):
         included, cut to the model's limit), or None without the tokenizer."""
         if self.source is None:
             return None
-        limit = int(self.meta["max_source_tokens"]) - 1
-        return {i: min(len(self.source.encode(line)), limit) + 1
+        return {i: min(len(self.source.encode(line)), self.source_piece_limit) + 1
                 for i, line in enumerate(lines) if line.strip()}
 
     def translate(self, lines: list[str], beam: int | None = None,
