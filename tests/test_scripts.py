@@ -203,3 +203,86 @@ def test_compare_refuses_translations_of_different_splits(tmp_path):
     assert "Traceback" not in result.stderr
     missing = compare_cli(a, tmp_path / "nowhere.tsv")
     assert missing.returncode == 1 and "nowhere.tsv not found" in missing.stderr
+
+
+FAKE_TRAIN = """
+import json, os, sys
+from pathlib import Path
+import yaml
+root = Path(os.environ["NMT_ROOT"])
+assert os.environ["NMT_TRACKING"] == "off"
+assert (root / "data/tokenized/marker").exists() and (root / "models/tokenizer").is_dir()
+train = yaml.safe_load((root / "params.yaml").read_text())["train"]
+(root / "models/train_stats.json").write_text(json.dumps({
+    "precision": train["precision"], "world_size": train["nproc_per_node"],
+    "threads": train["threads"], "max_minutes": train["max_minutes"],
+    "tokens_per_s": {"fp32": 4000.4, "bf16": 7000.0}[train["precision"]]}))
+"""
+
+FAKE_PEER = """
+import json, sys
+bf16 = "--bf16" in sys.argv
+assert sys.argv[sys.argv.index("--thread-test-steps") + 1] == "0"
+tok_s = 4000.0 if bf16 else 3000.0
+print("# log line")
+print("SUMMARY_JSON " + json.dumps({"tok_s": tok_s, "mfu_analytic": 0.25, "peak_gflops": 240.0}))
+"""
+
+
+def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, monkeypatch):
+    """scripts/benchmark_training.py with the stage and the peer faked: the rows run in order
+    with their overrides, the peer's FLOPs per token come from its summary, the targets are
+    judged, and results.py renders the file."""
+    bench = load_script("benchmark_training")
+    (tmp_path / "tokenized").mkdir()
+    (tmp_path / "tokenized/marker").write_text("")
+    (tmp_path / "tokenizer").mkdir()
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  max_minutes: 0\n  precision: auto\n  threads: 0\n"
+                      "  nproc_per_node: 1\n")
+    monkeypatch.setattr(bench.paths, "TOKENIZED", tmp_path / "tokenized")
+    monkeypatch.setattr(bench.paths, "TOKENIZER", tmp_path / "tokenizer")
+    monkeypatch.setattr(bench.paths, "PARAMS", params)
+    (tmp_path / "train.py").write_text(FAKE_TRAIN)
+    monkeypatch.setattr(bench, "TRAIN_COMMAND", [sys.executable, str(tmp_path / "train.py")])
+    monkeypatch.setattr(bench, "matmul_peak", lambda dtype, threads: 100.0)
+    peer = tmp_path / "peer_train.py"
+    peer.write_text(FAKE_PEER)
+    data = tmp_path / "cmn.txt"
+    data.write_text("Hi.\t嗨。\n")
+    out = tmp_path / "train_speed.json"
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(bench.app, [
+        "--peer-script", str(peer), "--peer-python", sys.executable, "--peer-data", str(data),
+        "--minutes", "0.5", "--set", "train.nproc_per_node=2", "--set", "train.threads=1",
+        "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    sitting = json.loads(out.read_text())
+    rows = sitting["rows"]
+    assert [(r["system"], r["precision"], r["layout"], r["tokens_per_s"]) for r in rows] == [
+        ("Hugging Face peer", "fp32", "1 x 2", 3000), ("ours", "fp32", "2 x 1", 4000),
+        ("Hugging Face peer", "bf16", "1 x 2", 4000), ("ours", "bf16", "2 x 1", 7000)]
+    assert rows[1]["command"] == ("python -m src.train with train.max_minutes=0.5 "
+                                  "train.precision=fp32 train.threads=1 "
+                                  "train.nproc_per_node=2")
+    assert str(tmp_path) not in json.dumps(sitting)  # commands name files, not our folders
+    assert rows[0]["command"].startswith("python peer_train.py --data cmn.txt --budget-min 0.5")
+    assert sitting["gflop_per_token"] == pytest.approx(0.25 * 240 / 3000)
+    # 7000 / 3000 = 2.33 >= 2.0; 7000 / 4000 = 1.75 >= 1.3; 4000 / 3000 = 1.33 >= 1.2
+    assert sitting["note"].endswith("all met on this CPU.")
+    assert "ours bf16 / peer fp32 2.33x (target 2.0)" in sitting["note"]
+    results = load_script("results")
+    rendered = "\n".join(results.training_speed_by_precision(sitting))
+    assert "| ours | bf16 | 2 x 1 |" in rendered and "| 2.33 |" in rendered
+
+
+def test_training_sitting_says_which_target_is_missed():
+    bench = load_script("benchmark_training")
+    rows = [{"system": "Hugging Face peer", "precision": "fp32", "tokens_per_s": 3000},
+            {"system": "ours", "precision": "fp32", "tokens_per_s": 3300},
+            {"system": "Hugging Face peer", "precision": "bf16", "tokens_per_s": 4000},
+            {"system": "ours", "precision": "bf16", "tokens_per_s": 6100}]
+    note = bench.target_note(rows)
+    assert "ours fp32 / peer fp32 1.10x (target 1.2)" in note
+    assert note.endswith("2 of 3 met on this CPU.")

@@ -1,0 +1,223 @@
+"""Training speed beside the Hugging Face peer, in one sitting: docs/benchmarks/train_speed.json.
+
+Rows, in this order and repeated `--rounds` times: peer fp32, ours fp32, peer bf16, ours bf16,
+each `--minutes` of training at `--threads` threads, one after another so nothing runs beside
+them. `torch.mm` peaks of both precisions are read before and after the rows.
+
+- Ours is the train stage itself (`python -m src.train`) on the workspace's encoded data and
+  tokenizer (run `dvc repro tokenize` first), in a scratch folder whose params.yaml is the
+  workspace's with `train.max_minutes`, `train.precision` and `--set` overrides, tracking off.
+  Its first epoch is the default recipe's bidirectional one. tokens/s: non-pad source + target
+  tokens over the stage's training seconds (train_stats.json).
+- The peer is `peer_train.py --budget-min M --final-limit 50 --thread-test-steps 0 [--bf16]`,
+  run with its own Python (`--peer-python`): without the thread test its whole run is at
+  `--threads`. tokens/s: its SUMMARY_JSON line. Its analytic FLOPs per token (the same dims as
+  ours) give every row's share of its precision's matmul peak.
+
+    python scripts/benchmark_training.py --peer-script PATH/peer_train.py \\
+        --peer-python PATH/bin/python --peer-data PATH/cmn.txt \\
+        --json docs/benchmarks/train_speed.json
+
+Then `python scripts/results.py` renders the table into docs/results.md. Run it on an idle
+machine: two PyTorch processes on two cores slow each other several-fold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+import typer
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from anywhere
+
+from src.core import paths  # noqa: E402
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+TRAIN_COMMAND = [sys.executable, "-m", "src.train"]
+# Issue 41's targets: ours bf16 against peer fp32 and peer bf16, ours fp32 against peer fp32.
+TARGETS = (("bf16", "fp32", 2.0), ("bf16", "bf16", 1.3), ("fp32", "fp32", 1.2))
+
+
+def cpu_description() -> str:
+    """'AMD EPYC (family 25 model 17), 2 cores, AVX-512 BF16, no AMX', from /proc/cpuinfo."""
+    info: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    flags = set(info.get("flags", "").split())
+    bf16 = "AVX-512 BF16" if "avx512_bf16" in flags else "no AVX-512 BF16"
+    amx = "AMX" if {"amx_bf16", "amx_tile"} <= flags else "no AMX"
+    return (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')} "
+            f"model {info.get('model', '?')}), {os.cpu_count()} cores, {bf16}, {amx}")
+
+
+def matmul_peak(dtype: torch.dtype, threads: int, size: int = 2048, reps: int = 10) -> float:
+    """Best GFLOP/s of torch.mm on two size x size matrices of `dtype`."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def parse_sets(sets: list[str]) -> dict[str, str]:
+    out = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("train."):
+            raise typer.BadParameter(f"expected train.<key>=<value>, got {item!r}")
+        out[key] = value
+    return out
+
+
+def run_ours(precision: str, minutes: float, threads: int, sets: dict[str, str]) -> dict:
+    """The train stage for `minutes` of training in a scratch copy of the workspace's inputs."""
+    params = yaml.safe_load(paths.PARAMS.read_text())
+    overrides = {"train.max_minutes": minutes, "train.precision": precision,
+                 "train.threads": threads} | {k: yaml.safe_load(v) for k, v in sets.items()}
+    for key, value in overrides.items():
+        section, name = key.split(".", 1)
+        if name not in params[section]:
+            raise typer.BadParameter(f"params.yaml has no {key}")
+        params[section][name] = value
+    with tempfile.TemporaryDirectory(prefix="train_speed_") as tmp:
+        scratch = Path(tmp)
+        for source, rel in ((paths.TOKENIZED, "data/tokenized"),
+                            (paths.TOKENIZER, "models/tokenizer")):
+            if not source.exists():
+                raise typer.BadParameter(f"{source} is missing: run `dvc repro tokenize` first")
+            (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / rel).symlink_to(source)
+        (scratch / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        env = os.environ | {"NMT_ROOT": str(scratch), "NMT_TRACKING": "off"}
+        done = subprocess.run(TRAIN_COMMAND, cwd=ROOT, env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"train stage failed:\n{done.stderr[-2000:]}")
+        stats = json.loads((scratch / "models" / "train_stats.json").read_text())
+    command = " ".join(["python -m src.train with"]
+                       + [f"{k}={v}" for k, v in overrides.items()])
+    world, per_rank = stats["world_size"], stats["threads"]
+    return {"system": "ours", "precision": stats["precision"],
+            "layout": f"{world} x {per_rank}", "command": command,
+            "tokens_per_s": round(stats["tokens_per_s"])}
+
+
+def run_peer(script: Path, python: Path, data: Path, minutes: float, threads: int,
+             bf16: bool) -> tuple[dict, dict]:
+    """peer_train.py for `minutes` of training at `threads` threads: its row and its summary."""
+    args = ["--data", str(data), "--budget-min", str(minutes), "--final-limit", "50",
+            "--thread-test-steps", "0", "--threads", str(threads)] + (["--bf16"] if bf16 else [])
+    with tempfile.TemporaryDirectory(prefix="peer_train_") as tmp:
+        done = subprocess.run([str(python), str(script.resolve()), *args,
+                               "--workdir", tmp, "--log", str(Path(tmp) / "log.txt")],
+                              cwd=tmp, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("SUMMARY_JSON ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{script.name} failed:\n{(done.stderr or done.stdout)[-2000:]}")
+    summary = json.loads(lines[-1].removeprefix("SUMMARY_JSON "))
+    shown = " ".join(a if a != str(data) else data.name for a in args)
+    row = {"system": "Hugging Face peer", "precision": "bf16" if bf16 else "fp32",
+           "layout": f"1 x {threads}", "command": f"python {script.name} {shown}",
+           "tokens_per_s": round(summary["tok_s"])}
+    return row, summary
+
+
+def gflop_per_token(summary: dict) -> float:
+    """The peer's analytic FLOPs per non-pad token (linears and attention, 3 x forward)."""
+    return summary["mfu_analytic"] * summary["peak_gflops"] / summary["tok_s"]
+
+
+def target_note(rows: list[dict]) -> str:
+    """Issue 41's three ratios, each from the best row of its round's kind."""
+    def best(system: str, precision: str) -> int:
+        return max(r["tokens_per_s"] for r in rows
+                   if r["system"].startswith(system) and r["precision"] == precision)
+
+    parts, met = [], []
+    for ours, peer, goal in TARGETS:
+        ratio = best("ours", ours) / best("Hugging Face peer", peer)
+        parts.append(f"ours {ours} / peer {peer} {ratio:.2f}x (target {goal})")
+        met.append(ratio >= goal)
+    verdict = "all met" if all(met) else f"{sum(met)} of {len(met)} met"
+    return (f"Targets of issue 41, best row of each kind: {'; '.join(parts)}: {verdict} on "
+            "this CPU.")
+
+
+@app.command()
+def main(
+    peer_script: Path = typer.Option(..., exists=True, dir_okay=False,
+                                     help="The peer benchmark's peer_train.py."),
+    peer_python: Path = typer.Option(..., exists=True, dir_okay=False,
+                                     help="Python of the peer's own venv (transformers etc.)."),
+    peer_data: Path = typer.Option(..., exists=True, dir_okay=False,
+                                   help="The corpus file the peer reads (cmn.txt)."),
+    minutes: float = typer.Option(3.0, help="Training minutes of each row."),
+    threads: int = typer.Option(2, help="Threads of every row."),
+    rounds: int = typer.Option(1, help="Repeat the four rows this many times."),
+    set_: list[str] = typer.Option([], "--set", help="train.<key>=<value> for our rows."),
+    json_out: Path = typer.Option(None, "--json", help="Write the sitting here."),
+) -> None:
+    sets = parse_sets(set_)
+    peaks = {"fp32": [], "bf16": []}
+
+    def read_peaks() -> None:
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            peaks[name].append(round(matmul_peak(dtype, threads), 1))
+
+    read_peaks()
+    rows, per_token = [], None
+    for _ in range(rounds):
+        for precision in ("fp32", "bf16"):
+            peer, summary = run_peer(peer_script, peer_python, peer_data, minutes, threads,
+                                     precision == "bf16")
+            if precision == "fp32" and per_token is None:
+                per_token = gflop_per_token(summary)
+            ours = run_ours(precision, minutes, threads, sets)
+            for row in (peer, ours):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    read_peaks()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    sitting = {
+        "what": (f"Training speed side by side in one sitting, idle machine, {minutes:g} minutes "
+                 f"of training each, {threads} threads, same dims (d256, 3+3 layers, FFN 1024, "
+                 "shared 8k vocabulary), tokens = non-pad source + target incl. EOS. Peer rows: "
+                 "its whole run at that thread count (no thread test). Ours: the train stage on "
+                 "the default recipe's first (bidirectional) epoch. Shares use the peer's "
+                 f"analytic FLOPs per token ({per_token * 1e3:.2f} MFLOP) against the best "
+                 "torch.mm reading of the sitting at that precision. Rows in the order they ran: "
+                 f"`python scripts/benchmark_training.py --minutes {minutes:g} --rounds {rounds}"
+                 + "".join(f" --set {k}={v}" for k, v in sets.items()) + "`."),
+        "cpu": cpu_description(),
+        "date": date.today().isoformat(),
+        "commit": commit,
+        "peak_command": f"torch.mm 2048x2048, {threads} threads, best of 10, before and after "
+                        f"the rows ({peaks['fp32']} fp32, {peaks['bf16']} bf16)",
+        "matmul_peak_gflops": {k: max(v) for k, v in peaks.items()},
+        "gflop_per_token": round(per_token, 6),
+        "rows": rows,
+        "note": target_note(rows),
+    }
+    print(sitting["note"])
+    if json_out:
+        json_out.write_text(json.dumps(sitting, indent=2, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    app()
