@@ -452,6 +452,33 @@ def test_rdrop_loss_matches_hand_computed_values():
     assert logits.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_rdrop_loss_and_gradient_match_autograd_of_the_papers_formula(eps):
+    """The one-pass loss against the formula written with library ops and autograd's gradient:
+    smoothed CE of both passes plus alpha/2 times the two KL divergences, halved."""
+    from src.training.loss import rdrop_loss
+
+    torch.manual_seed(0)
+    labels = torch.randint(0, 11, (6,))
+    logits = (3 * torch.randn(12, 11)).requires_grad_()
+    loss, nll = rdrop_loss(logits, labels, eps=eps, alpha=5.0)
+    loss.backward()
+    ours = logits.grad.clone()
+
+    logits.grad = None
+    gold = torch.cat([labels, labels])
+    ce = F.cross_entropy(logits, gold, label_smoothing=eps, reduction="sum")
+    log_p1, log_p2 = F.log_softmax(logits, dim=1).chunk(2)
+    kl = (F.kl_div(log_p2, log_p1, reduction="sum", log_target=True)
+          + F.kl_div(log_p1, log_p2, reduction="sum", log_target=True))
+    reference = 0.5 * (ce + 5.0 / 2 * kl)
+    reference.backward()
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(0.5 * F.cross_entropy(logits, gold, reduction="sum").item(),
+                                       rel=1e-5)
+    assert torch.allclose(ours, logits.grad, atol=1e-5)
+
+
 def test_rdrop_runs_the_batch_twice_with_its_own_dropout_masks():
     batch = make_batch([[5, 6], [7]], [[8], [9, 10]], max_positions=16)
     for dropout in (0.0, 0.3):

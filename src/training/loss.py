@@ -17,7 +17,6 @@ softmax the gradient needs, built in the forward pass while the rows are still i
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -54,6 +53,53 @@ def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, eps: float
     return LabelSmoothedCrossEntropy.apply(logits, labels, float(eps))
 
 
+class RDropLoss(torch.autograd.Function):
+    """R-Drop's loss in one pass: one log-softmax of the (2N, V) logits serves the smoothed
+    cross-entropy of both passes and the symmetric KL between them, and the gradient is built in
+    the forward pass, as in `LabelSmoothedCrossEntropy`.
+
+    With L = log P, D = L1 - L2 and S = KL(P1||P2) + KL(P2||P1) = sum_j (P1_j - P2_j) D_j:
+        dS/dz1 = P1 (D - <P1, D>) + (P1 - P2),   dS/dz2 = -P2 (D - <P2, D>) - (P1 - P2)
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, eps: float, alpha: float
+                ) -> tuple[Tensor, Tensor]:
+        n, vocab = len(labels), logits.shape[1]
+        log_p = torch.log_softmax(logits, dim=1, dtype=torch.float32)  # (2N, V)
+        rows = torch.arange(2 * n, device=logits.device)
+        gold = torch.cat([labels, labels])
+        nll = -log_p[rows, gold].sum()
+        ce = (1.0 - eps) * nll
+        if eps:
+            ce = ce - eps / vocab * log_p.sum()
+        diff = log_p[:n] - log_p[n:]  # D
+        p = log_p.exp_()  # log_p is not needed past D: its buffer becomes P
+        p1, p2 = p[:n], p[n:]
+        delta = p1 - p2
+        kl = (delta * diff).sum()
+        if ctx.needs_input_grad[0]:
+            # d(0.5 * alpha/2 * S); P1 and P2 are read before `p` becomes the CE gradient.
+            scale = alpha / 4
+            kl_grad1 = (diff - (p1 * diff).sum(1, keepdim=True)).mul_(p1).add_(delta)
+            kl_grad2 = (diff - (p2 * diff).sum(1, keepdim=True)).mul_(p2).add_(delta).neg_()
+            grad = p  # d(0.5 * CE) = 0.5 (P - (1 - eps) onehot - eps / V)
+            if eps:
+                grad.sub_(eps / vocab)
+            grad[rows, gold] -= 1.0 - eps
+            grad.mul_(0.5)
+            grad[:n].add_(kl_grad1, alpha=scale)
+            grad[n:].add_(kl_grad2, alpha=scale)
+            ctx.save_for_backward(grad.to(logits.dtype))
+        ctx.mark_non_differentiable(nll)
+        return 0.5 * (ce + alpha / 2 * kl), 0.5 * nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_loss), None, None, None
+
+
 def rdrop_loss(logits: Tensor, labels: Tensor, eps: float, alpha: float
                ) -> tuple[Tensor, Tensor]:
     """R-Drop (Liang et al., NeurIPS 2021) over two dropout passes of the same N tokens.
@@ -63,9 +109,4 @@ def rdrop_loss(logits: Tensor, labels: Tensor, eps: float, alpha: float
     cross-entropy weighs what one pass weighs without R-Drop and `alpha` keeps the paper's
     meaning. The second value is the NLL averaged over the two passes (for the logs).
     """
-    ce, nll = label_smoothed_cross_entropy(logits, torch.cat([labels, labels]), eps)
-    log_p1, log_p2 = torch.log_softmax(logits, dim=1, dtype=torch.float32).chunk(2)
-    # kl_div(input=log q, target=log p, log_target=True) sums p (log p - log q) = KL(p || q)
-    kl = (F.kl_div(log_p2, log_p1, reduction="sum", log_target=True)
-          + F.kl_div(log_p1, log_p2, reduction="sum", log_target=True))
-    return 0.5 * (ce + alpha / 2 * kl), 0.5 * nll
+    return RDropLoss.apply(logits, labels, float(eps), float(alpha))
