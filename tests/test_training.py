@@ -222,6 +222,16 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path):
         checkpoint.load_model(tmp_path / "missing.pt")
 
 
+def test_equal_weights_save_to_equal_bytes(tmp_path):
+    """A re-run that trains the same weights writes the same model.pt, so dvc.lock's hash
+    repeats too (torch named the archive's inner folder after the random temporary file)."""
+    model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32))
+    first, again = tmp_path / "a" / "model.pt", tmp_path / "b" / "model.pt"
+    checkpoint.save(checkpoint.model_state(model), first)
+    checkpoint.save(checkpoint.model_state(model), again)
+    assert first.read_bytes() == again.read_bytes()
+
+
 class Payload:
     """Unpickling this calls Path.touch: what a crafted checkpoint would do with os.system."""
 

@@ -24,8 +24,11 @@ def model_state(model: Transformer, **extra) -> dict:
 
 
 def save(obj: dict, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    # Through a file object: given a path, torch names the archive's inner folder after the
+    # file, here a random temporary name, so equal weights would give files of other bytes
+    # (and another hash in dvc.lock) on every run.
+    with atomic_path(path) as tmp, tmp.open("wb") as fh:
+        torch.save(obj, fh)
 
 
 def load(path: Path) -> dict:
