@@ -20,22 +20,34 @@ import torch
 from torch import Tensor
 
 
+def smoothed_cross_entropy(log_p: Tensor, rows: Tensor, labels: Tensor, eps: float
+                           ) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss and summed NLL of (N, V) log-probabilities."""
+    nll = -log_p[rows, labels].sum()
+    loss = (1.0 - eps) * nll
+    if eps:
+        loss = loss - eps / log_p.shape[1] * log_p.sum()
+    return loss, nll
+
+
+def smoothed_cross_entropy_grad_(p: Tensor, rows: Tensor, labels: Tensor, eps: float) -> Tensor:
+    """P - (1 - eps) onehot(label) - eps / V, in place of the probabilities P."""
+    if eps:
+        p.sub_(eps / p.shape[1])
+    p[rows, labels] -= 1.0 - eps
+    return p
+
+
 class LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         log_p = torch.log_softmax(logits, dim=1, dtype=torch.float32)  # (N, V): x - lse
         rows = torch.arange(len(labels), device=logits.device)
-        nll = -log_p[rows, labels].sum()
-        loss = (1.0 - eps) * nll
-        if eps:
-            loss = loss - eps / log_p.shape[1] * log_p.sum()
+        loss, nll = smoothed_cross_entropy(log_p, rows, labels, eps)
         if ctx.needs_input_grad[0]:
             # The gradient is known now, up to the incoming scale: build it in place of log_p
             # while that is still in cache, instead of keeping log_p for backward.
-            grad = log_p.exp_()
-            if eps:
-                grad.sub_(eps / grad.shape[1])
-            grad[rows, labels] -= 1.0 - eps
+            grad = smoothed_cross_entropy_grad_(log_p.exp_(), rows, labels, eps)
             ctx.save_for_backward(grad.to(logits.dtype))
         ctx.mark_non_differentiable(nll)
         return loss, nll
@@ -65,14 +77,11 @@ class RDropLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor, eps: float, alpha: float
                 ) -> tuple[Tensor, Tensor]:
-        n, vocab = len(labels), logits.shape[1]
+        n = len(labels)
         log_p = torch.log_softmax(logits, dim=1, dtype=torch.float32)  # (2N, V)
         rows = torch.arange(2 * n, device=logits.device)
         gold = torch.cat([labels, labels])
-        nll = -log_p[rows, gold].sum()
-        ce = (1.0 - eps) * nll
-        if eps:
-            ce = ce - eps / vocab * log_p.sum()
+        ce, nll = smoothed_cross_entropy(log_p, rows, gold, eps)
         diff = log_p[:n] - log_p[n:]  # D
         p = log_p.exp_()  # log_p is not needed past D: its buffer becomes P
         p1, p2 = p[:n], p[n:]
@@ -83,11 +92,7 @@ class RDropLoss(torch.autograd.Function):
             scale = alpha / 4
             kl_grad1 = (diff - (p1 * diff).sum(1, keepdim=True)).mul_(p1).add_(delta)
             kl_grad2 = (diff - (p2 * diff).sum(1, keepdim=True)).mul_(p2).add_(delta).neg_()
-            grad = p  # d(0.5 * CE) = 0.5 (P - (1 - eps) onehot - eps / V)
-            if eps:
-                grad.sub_(eps / vocab)
-            grad[rows, gold] -= 1.0 - eps
-            grad.mul_(0.5)
+            grad = smoothed_cross_entropy_grad_(p, rows, gold, eps).mul_(0.5)  # d(0.5 * CE)
             grad[:n].add_(kl_grad1, alpha=scale)
             grad[n:].add_(kl_grad2, alpha=scale)
             ctx.save_for_backward(grad.to(logits.dtype))
