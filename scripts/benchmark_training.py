@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
 from src.core import paths  # noqa: E402
+from src.training.precision import cpu_bf16_feature  # noqa: E402
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -50,16 +51,16 @@ TARGETS = (("bf16", "fp32", 2.0), ("bf16", "bf16", 1.3), ("fp32", "fp32", 1.2))
 
 
 def cpu_description() -> str:
-    """'AMD EPYC (family 25 model 17), 2 cores, AVX-512 BF16, no AMX', from /proc/cpuinfo."""
+    """'AMD EPYC (family 25 model 17), 2 cores, AVX-512 BF16, no AMX': the name from
+    /proc/cpuinfo, the bf16 feature as `train.precision: auto` reads it."""
     info: dict[str, str] = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         key, _, value = line.partition(":")
         info.setdefault(key.strip(), value.strip())
-    flags = set(info.get("flags", "").split())
-    bf16 = "AVX-512 BF16" if "avx512_bf16" in flags else "no AVX-512 BF16"
-    amx = "AMX" if {"amx_bf16", "amx_tile"} <= flags else "no AMX"
+    bf16 = {"AMX": "AMX", "AVX-512 BF16": "AVX-512 BF16, no AMX"}.get(cpu_bf16_feature(),
+                                                                     "no native bf16")
     return (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')} "
-            f"model {info.get('model', '?')}), {os.cpu_count()} cores, {bf16}, {amx}")
+            f"model {info.get('model', '?')}), {os.cpu_count()} cores, {bf16}")
 
 
 def matmul_peak(dtype: torch.dtype, threads: int, size: int = 2048, reps: int = 10) -> float:
