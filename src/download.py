@@ -1,4 +1,4 @@
-"""download: fetch the parallel corpus -> data/raw/corpus.tsv, test.tsv (+ download.json).
+"""download: fetch the parallel corpus -> data/raw/corpus.tsv, test.tsv (+ data/download.json).
 
 Reads params `pair.*` and `download.*`. A URL may be http(s), `file://`, or a local path (see
 src/transport.py for what every fetch guarantees: length, deadline, size cap, redirects); the
@@ -11,7 +11,8 @@ Text is decoded strictly (src/text.py): UTF-8 or UTF-16 with a BOM; anything els
 HTML page, is refused with file, line and byte offset. Valid UTF-8 is written byte for byte (so
 the corpus sha256 is the member's), UTF-16 is converted to UTF-8.
 `download.test_url` optionally names a predefined test set in the same forms; it is written to
-data/raw/test.tsv, which is empty when the test split is to be carved out of the corpus.
+data/raw/test.tsv, which is absent when the test split is to be carved out of the corpus (DVC
+declares the folder data/raw, so no empty output is declared and warned about).
 `download.sha256`, when set, pins the corpus TSV. Outputs are written atomically, URLs are
 recorded and shown with credentials and query strings redacted.
 """
@@ -39,7 +40,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 @app.command()
 def main(
     out: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV to write."),
-    test_out: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (empty if none)."),
+    test_out: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (absent if none)."),
     meta: Path = typer.Option(paths.RAW_META, help="JSON with urls, sizes and sha256s."),
 ) -> None:
     """Download the corpus named by params `download.url` (http(s), file:// or a local path;
@@ -61,8 +62,11 @@ def main(
                                 f"for {redact(cfg.url)} (the corpus changed upstream?)")
         with atomic_path(out) as tmp:
             tmp.write_bytes(corpus["corpus"])
-        with atomic_path(test_out) as tmp:
-            tmp.write_bytes(test["corpus"] if test else b"")
+        if test:
+            with atomic_path(test_out) as tmp:
+                tmp.write_bytes(test["corpus"])
+        else:  # a predefined test set of an earlier run must not stay the test split
+            test_out.unlink(missing_ok=True)
         info = {"corpus": corpus["info"], "test": test["info"] if test else None}
         write_json(meta, info)
         lines = {"corpus_lines": corpus["info"]["corpus_lines"],

@@ -45,7 +45,7 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     translator = load_translator(onnx, tokenizer, provider, threads)
     if isinstance(translator, TextTranslator):
         translator.check_search(beam, max_length)
-    used = threads or DEFAULT_THREADS
+    used = threads or DEFAULT_THREADS  # None from a caller in Python
     on_cpu = translator.provider == CPU
     print(f"infer: {translator.ran_on}" + (f", {used} thread{'s' * (used > 1)}" if on_cpu else ""),
           file=sys.stderr)
@@ -74,8 +74,8 @@ def main(
     provider: str = typer.Option("auto", help="auto: CUDA if it really runs, for model.onnx "
                                  "and model.fp16.onnx; int8 and text files on the CPU. cuda "
                                  "forces it, cpu avoids it. Where each node ran is printed."),
-    threads: int = typer.Option(None, min=1, help="CPU threads of ONNX Runtime (default: "
-                                "2, or 1 for an int8 model: the faster on 2 cores)."),
+    threads: int = typer.Option(DEFAULT_THREADS, min=1,
+                                help="CPU threads of ONNX Runtime, whatever the model kind."),
 ) -> None:
     """Translate English text with the single-file ONNX model (the search runs in the graph)."""
     if provider not in {"auto", "cuda", "cpu"}:

@@ -4,7 +4,7 @@ Reads params `pair.*` (which column is source/target) and `split.*`. Lines are c
 empty/malformed/over-long lines dropped and counted, exact duplicates removed, then the
 distinct *source sentences* are shuffled with `split.seed` and assigned to valid/test/train,
 so a sentence with several translations never straddles two splits. When `download` wrote a
-predefined test set (data/raw/test.tsv not empty), that is the test split, `split.test_size` is
+predefined test set (data/raw/test.tsv), that is the test split, `split.test_size` is
 unused, and corpus pairs whose source sentence is in it are dropped from train and valid.
 Files are decoded strictly (src/text.py): text that is not UTF-8 stops the stage with the
 file, line and byte offset instead of becoming training data. Counts go to
@@ -37,7 +37,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 @app.command()
 def main(
     corpus: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV from `download`."),
-    test_tsv: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (may be empty)."),
+    test_tsv: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (absent: none)."),
     out_dir: Path = typer.Option(paths.SPLIT, help="DatasetDict directory to write."),
     stats: Path = typer.Option(paths.SPLIT_STATS, help="Counts JSON to write."),
 ) -> None:
@@ -55,7 +55,7 @@ def main(
                 f"{corpus}: no valid '{pair.source_lang}<TAB>{pair.target_lang}' line found"
             )
         test, test_dropped = None, Counter()
-        if test_tsv.exists() and test_tsv.stat().st_size:
+        if test_tsv.exists():
             # A published test set is kept whole: no length limit, duplicates stay. Rows that
             # cannot be scored (empty side, missing column) are counted and reported, since
             # scores on a shortened test set are not comparable with published ones.

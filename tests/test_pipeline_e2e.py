@@ -106,7 +106,7 @@ def test_every_stage_wrote_its_outputs(project):
     from datasets import load_from_disk
 
     assert (project / "data/raw/corpus.tsv").read_text(encoding="utf-8") == toy_tsv()
-    meta = json.loads((project / "data/raw/download.json").read_text())
+    meta = json.loads((project / "data/download.json").read_text())
     corpus = (project / "data/raw/corpus.tsv").read_bytes()
     assert meta["corpus"]["corpus_sha256"] == hashlib.sha256(corpus).hexdigest()
     assert meta["test"] is None
@@ -155,6 +155,16 @@ def test_repro_prints_no_python_warnings(project):
     warned on every dataset input until tracking silenced its duplicate source class)."""
     output = (project.parent / "repro.log").read_text()
     assert [line for line in output.splitlines() if "Warning:" in line] == []
+    # DVC warned "'data/raw/test.tsv' is empty." three times per run with no predefined test set
+    assert [line for line in output.splitlines() if "is empty" in line] == []
+
+
+def test_each_epoch_is_one_line_of_the_log(project):
+    """Printed to a pipe, rich wrapped the epoch line at 80 columns ('... 4,094 \\ntok/s')."""
+    lines = (project.parent / "repro.log").read_text().splitlines()
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert len(epochs) == 2 and max(map(len, epochs)) > 80, epochs  # long enough to have wrapped
+    assert all(line.endswith("tok/s") for line in epochs), epochs
 
 
 def test_metrics_files_hold_only_headline_numbers(project):
@@ -239,6 +249,74 @@ def test_plots_draw_loss_valid_loss_and_valid_bleu(workspace):
         assert spec["title"]["text"] and spec["encoding"]["x"]["title"] and y["title"], name
         assert all(row[y["field"]] != "" for row in spec["data"]["values"]), name
     assert len(charts["Validation BLEU"][0]["content"]["data"]["values"]) == 2  # epochs
+
+def finished_repro_run(root: Path, group: str, timeout_s: float = 90.0):
+    """The repro run of `group` once repro_watch has ended it (it polls the exited dvc)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        parent = next(r for r in mlflow_runs(root)
+                      if r.data.tags.get("kind") == "repro"
+                      and r.data.tags.get("repro_id") == group)
+        if parent.info.status != "RUNNING" or time.monotonic() > deadline:
+            return parent
+        time.sleep(0.5)
+
+
+def test_the_repro_run_spans_the_whole_repro(project):
+    """Each stage used to end the repro run: the UI showed a repro training for an hour as
+    FINISHED, duration 11 s (the first stage's)."""
+    stages = [r for r in mlflow_runs(project) if r.data.tags.get("kind") == "stage"]
+    parent = finished_repro_run(project, stages[0].data.tags["repro_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.info.start_time <= min(r.info.start_time for r in stages)
+    assert parent.info.end_time >= max(r.info.end_time for r in stages)
+
+
+def test_the_repro_run_reads_running_while_any_stage_runs(workspace):
+    """Watched from outside while `dvc repro` re-runs train, evaluate and export: whenever one
+    of its stage runs is RUNNING, so is the repro run, at the second and third stage too."""
+    import sqlite3
+    import subprocess
+    import time
+
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["train"]["lr"] = params["train"]["lr"] * 2  # new weights: evaluate and export re-run
+    (workspace / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    before = {r.info.run_id for r in mlflow_runs(workspace)}
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"NMT_TRACKING", "NMT_ROOT", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"}}
+    repro = subprocess.Popen(["dvc", "repro"], cwd=workspace, env={**env, **GIT_ENV},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Read the store as the UI's server would, with plain SQL: fast enough to catch a toy
+    # stage mid-run (MLflow's client takes longer per look than evaluate takes to run).
+    query = """SELECT t.value, p.status FROM runs s
+               JOIN tags t ON t.run_uuid = s.run_uuid AND t.key = 'stage'
+               JOIN tags l ON l.run_uuid = s.run_uuid AND l.key = 'mlflow.parentRunId'
+               JOIN runs p ON p.run_uuid = l.value
+               WHERE s.status = 'RUNNING' AND s.run_uuid NOT IN ({})""".format(
+        ",".join(f"'{run_id}'" for run_id in before))
+    seen: dict[str, set[str]] = {}  # stage -> statuses of the repro run seen while it ran
+    try:
+        while repro.poll() is None:
+            try:
+                with sqlite3.connect(f"file:{workspace / 'mlflow.db'}?mode=ro", uri=True) as db:
+                    rows = db.execute(query).fetchall()
+            except sqlite3.OperationalError:  # locked mid-write: look again
+                continue
+            for stage, parent_status in rows:
+                seen.setdefault(stage, set()).add(parent_status)
+            time.sleep(0.02)
+    finally:
+        repro.wait(timeout=900)
+    assert repro.returncode == 0
+    assert len(seen) >= 2 and set(seen) <= {"train", "evaluate", "export"}, seen
+    assert all(statuses == {"RUNNING"} for statuses in seen.values()), seen
+    group = next(r.data.tags["repro_id"] for r in mlflow_runs(workspace)
+                 if r.info.run_id not in before and r.data.tags.get("kind") == "repro")
+    assert finished_repro_run(workspace, group).info.status == "FINISHED"
+
 
 def test_second_repro_does_nothing(workspace):
     before = len(mlflow_runs(workspace))

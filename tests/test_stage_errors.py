@@ -53,11 +53,13 @@ def test_help_names_the_params_each_stage_reads(tmp_path):
             assert f"{section}." in text, (stage, section, text)
 
 
-def write_corpus(root, data: bytes, test: bytes = b""):
+def write_corpus(root, data: bytes, test: bytes | None = None):
+    """data/raw as download writes it: test.tsv only for a predefined test set."""
     raw = root / "data/raw"
     raw.mkdir(parents=True, exist_ok=True)
     (raw / "corpus.tsv").write_bytes(data)
-    (raw / "test.tsv").write_bytes(test)
+    if test is not None:
+        (raw / "test.tsv").write_bytes(test)
 
 
 def corpus_lines(n: int = 40) -> str:

@@ -205,9 +205,9 @@ class ExportParams(Section):
     max_length_ratio: float = Field(gt=0)  # output may be up to ratio * source + 10 tokens
     batch_size: int = Field(gt=0)  # sentences per session.run in the checks
     min_beam_parity: float = Field(ge=0, le=1)  # greedy must match 100%; beam may tie-break
-    # share of test sentences the int8 file must translate exactly as model.onnx does, or
-    # export fails and writes neither (a broken quantization translates garbage)
-    min_int8_agreement: float = Field(ge=0, le=1)
+    # BLEU and chrF points the int8 file may lose against model.onnx on the test split, or
+    # export fails and writes neither (a broken quantization loses far more)
+    max_int8_drop: float = Field(ge=0)
 
 
 SECTIONS: dict[str, type[Section]] = {

@@ -16,8 +16,8 @@ MODELS = ROOT / "models"
 
 RAW = DATA / "raw"
 RAW_CORPUS = RAW / "corpus.tsv"
-RAW_TEST = RAW / "test.tsv"  # a predefined test set; empty when split carves one out
-RAW_META = RAW / "download.json"
+RAW_TEST = RAW / "test.tsv"  # a predefined test set; absent when split carves one out
+RAW_META = DATA / "download.json"  # beside data/raw, the DVC output it describes
 
 SPLIT = DATA / "split"
 SPLIT_STATS = DATA / "split_stats.json"

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from src.core import cli, paths
+from src.core import cli, paths, repro_watch
 from src.core.dvc_run import data_hashes, dvc_hash, dvc_process
 
 EXPERIMENT = os.environ.get("NMT_EXPERIMENT", "nmt")
@@ -243,14 +243,23 @@ def system_metrics_wanted() -> bool:
 
 
 def _parent_run(client, experiment_id: str, group: str, tags: dict[str, str]) -> str:
+    """The repro run of this group, RUNNING while a stage of it runs. Under `dvc repro` the
+    first stage creates it and starts `repro_watch`, which ends it when dvc exits; stages leave
+    it open on success (`_finish`). A group without a dvc process (`NMT_REPRO_ID`, a stage run
+    by hand) is ended by each stage and marked RUNNING again by the next."""
     found = client.search_runs(
         [experiment_id], filter_string=f"tags.repro_id = '{group}' and tags.kind = 'repro'"
     )
     if found:
+        if found[0].info.status != "RUNNING":
+            client.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
     run = client.create_run(
         experiment_id, run_name=f"repro {group}", tags={**tags, "kind": "repro", "repro_id": group}
     )
+    dvc = dvc_process()
+    if dvc is not None:
+        repro_watch.spawn(dvc.pid, run.info.run_id, tracking_uri())
     return run.info.run_id
 
 
@@ -336,12 +345,15 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path], system_metri
 
 
 def _finish(mlflow, client, parent: str, status: str) -> None:
-    """End the stage's run, then its repro run; a stop arriving meanwhile waits for both."""
+    """End the stage's run, then its repro run unless the stage succeeded under dvc (then
+    `repro_watch` ends it with the repro); a stop arriving meanwhile waits for both."""
     with cli.stops_deferred("closing the MLflow runs"):
         try:
             mlflow.end_run(status)
         except Exception as exc:
             warn_once("end_run", exc)
+        if status == "FINISHED" and dvc_process() is not None:
+            return
         try:
             client.set_terminated(parent, status)
         except Exception as exc:

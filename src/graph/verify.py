@@ -16,7 +16,7 @@ from src.core import paths
 from src.core.atomic import atomic_path
 from src.core.errors import PipelineError
 from src.core.params import ExportParams
-from src.core.scoring import bleu
+from src.core.scoring import score as corpus_scores
 from src.data.batching import clip_source
 from src.data.subword import Tokenizers
 from src.graph import text_graph
@@ -84,7 +84,8 @@ def score_file(path: Path, model, tok: Tokenizers, part, cfg: ExportParams) -> d
     ids, seconds = translate(session, list(part["source_ids"]), list(part["source"]), model,
                              cfg)
     hypotheses = tok.decode_target(ids)
-    return {"bleu": bleu(hypotheses, list(part["target"]), tok.target_lang),
+    scores = corpus_scores(hypotheses, list(part["target"]), tok.target_lang)
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"],
             "sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
             "size_mb": round(path.stat().st_size / 1e6, 2),
             "provider": session.get_providers()[0], "ids": ids}
@@ -205,6 +206,20 @@ def check_fp16(path: Path, fp16: onnx.ModelProto, fp32: onnx.ModelProto, model,
             **{f"fp16_{key}": value for key, value in result.items()}}
 
 
+def check_int8_quality(fp32: dict, int8: dict, sentences: int, cfg: ExportParams) -> None:
+    """The int8 file may score at most `export.max_int8_drop` BLEU and chrF below model.onnx on
+    the same test sentences, or export fails. Exact agreement is not the gate (it is reported):
+    an undertrained model's outputs are near-ties that quantization flips without being worse,
+    while a broken quantization loses points on both scores."""
+    for metric, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+        drop = fp32[metric] - int8[metric]
+        if drop > cfg.max_int8_drop:
+            raise PipelineError(
+                f"model.int8.onnx scores {name} {int8[metric]} on the "
+                f"{sentences:,} test sentences, {drop:.2f} below model.onnx's {fp32[metric]}: "
+                f"more than export.max_int8_drop {cfg.max_int8_drop}; neither file written")
+
+
 def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
                    cfg: ExportParams, tokenizer_dir: Path, fp16=None,
                    fp16_path: Path | None = None) -> dict:
@@ -228,12 +243,7 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
             scores["int8"] = score_file(tmp8, model, tok, part, cfg)
             agree = sum(a == b for a, b in zip(scores["fp32"]["ids"], scores["int8"]["ids"]))
             result["int8_same_as_fp32"] = round(agree / max(len(part), 1), 4)
-            if result["int8_same_as_fp32"] < cfg.min_int8_agreement:
-                raise PipelineError(
-                    f"model.int8.onnx translates {result['int8_same_as_fp32']:.1%} of the "
-                    f"{len(part):,} test sentences as model.onnx does, below "
-                    f"export.min_int8_agreement {cfg.min_int8_agreement:.0%} (BLEU "
-                    f"{scores['int8']['bleu']} vs {scores['fp32']['bleu']}): neither file written")
+            check_int8_quality(scores["fp32"], scores["int8"], len(part), cfg)
         if fp16 is not None:
             tmp16 = stack.enter_context(atomic_path(fp16_path))
             onnx.save(fp16, tmp16)

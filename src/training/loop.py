@@ -11,6 +11,7 @@ import time
 from contextlib import contextmanager
 
 import numpy as np
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from src.core import cli, dvc_run, failpoints
@@ -40,6 +41,9 @@ def progress_bar(show: bool = True) -> Progress:
             "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:,.0f} tok/s"
         ),
         disable=not show,
+        # A line printed to a file or pipe is never wrapped (rich wraps at 80 columns there),
+        # so each epoch stays one line a log can be grepped by.
+        console=Console(soft_wrap=True),
     )
 
 
