@@ -31,6 +31,51 @@ def scratch_root(tmp_path: Path, **overrides: dict) -> Path:
     return tmp_path
 
 
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+
+
+def sh(cwd: Path, *cmd: str, env: dict[str, str] | None = None) -> str:
+    """Run a command as a user would (tracking on, the project's own store), or fail the
+    test with its output; returns stdout + stderr."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"NMT_TRACKING", "NMT_ROOT", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"}
+    }
+    result = subprocess.run(
+        cmd, cwd=cwd, env={**base, **GIT_ENV, **(env or {})}, capture_output=True, text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def git_project(root: Path, settings: dict[str, object]) -> Path:
+    """A git repo at `root` holding this checkout's pipeline (src, dvc.yaml, params.yaml, DVC
+    config), params.yaml changed by `settings` ({"train.epochs": 2} as `dvc exp run -S`)."""
+    for name in ("src", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config"):
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, target)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for key, value in settings.items():
+        section, name = key.split(".")
+        params[section][name] = value
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(root, "git", "init", "-q")
+    sh(root, "git", "add", "-A")
+    sh(root, "git", "commit", "-qm", "project")
+    return root
+
+
 def stage_module(stage: str) -> str:
     """The module a dvc.yaml stage runs (`tokenize` -> `src.tokenize_corpus`); other names, such
     as `infer`, are modules already."""

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import yaml
-from helpers import TINY_PARAMS
+from helpers import GIT_ENV, TINY_PARAMS, git_project, sh
 from toy_corpus import toy_tsv
 
 pytestmark = pytest.mark.slow
@@ -37,49 +37,17 @@ TINY = {
     },
     "evaluate": {"beam_size": 2, "num_samples": 5},
 }
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@t",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@t",
-}
-
-
-def sh(cwd: Path, *cmd: str, env: dict[str, str] | None = None) -> str:
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"NMT_TRACKING", "NMT_ROOT", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"}
-    }
-    result = subprocess.run(
-        cmd, cwd=cwd, env={**base, **GIT_ENV, **(env or {})}, capture_output=True, text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("project")
-    for name in ("src", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config"):
-        target = root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(REPO / name, target)
     archive = root.parent / "toy-corpus.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("cmn.txt", toy_tsv())
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["download"]["url"] = archive.as_uri()
-    for section, values in TINY.items():
-        params[section].update(values)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    sh(root, "git", "init", "-q")
-    sh(root, "git", "add", "-A")
-    sh(root, "git", "commit", "-qm", "toy project")
+    settings = {f"{section}.{key}": value
+                for section, values in TINY.items() for key, value in values.items()}
+    git_project(root, {"download.url": archive.as_uri(), **settings})
     # MLflow samples system metrics every 10 s and logs none for a shorter run: sample every
     # 0.1 s, so the toy training (a second or two) gets some
     output = sh(root, "dvc", "repro", env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.1"})
@@ -278,7 +246,6 @@ def test_the_repro_run_reads_running_while_any_stage_runs(workspace):
     """Watched from outside while `dvc repro` re-runs train, evaluate and export: whenever one
     of its stage runs is RUNNING, so is the repro run, at the second and third stage too."""
     import sqlite3
-    import subprocess
     import time
 
     params = yaml.safe_load((workspace / "params.yaml").read_text())
