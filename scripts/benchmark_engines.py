@@ -10,15 +10,20 @@ beam x batch x precision x thread count asked for. Needs the optional extra:
     python scripts/benchmark_engines.py                                  # everything
     python scripts/benchmark_engines.py --sentences 300 --threads 1 --json out.json
 
-Not a test: timings need an otherwise idle machine. Both engines get the same batches in the
-same order; each configuration runs engine after engine, `--repeats` times, and each engine's
-fastest pass counts, so drift and noise hit both alike.
+Not a test: timings need an otherwise idle machine. Each engine is timed in a process of its
+own that imports neither torch nor the other engine (`--worker`; with torch in the process,
+CTranslate2 ran 5x slower at two threads): this process converts the model (torch) and only
+starts workers. Passes alternate engine after engine, `--repeats` times; each engine's fastest
+pass per cell counts, so drift and noise hit both alike. Both clocks hold the same work: text in
+(tokenizing), search, text out, in the same batches.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,21 +35,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 from src.core import paths  # noqa: E402
 from src.core.scoring import bleu  # noqa: E402
 from src.data.subword import drop_broken_bytes  # noqa: E402
-from src.runtime import generation
-from src.to_ctranslate2 import convert, ct2_options, pieces  # noqa: E402
+from src.runtime import generation  # noqa: E402  (no onnxruntime until a session opens)
+
+SCRIPT = Path(__file__).resolve()
+# What no timing process may hold: torch, and the other engine's runtime.
+FOREIGN = {"ours": ("torch", "ctranslate2"), "ctranslate2": ("torch", "onnxruntime")}
 
 
 class Ct2Engine:
-    """CTranslate2 behind the same translate(lines, beam, batch) interface as ours."""
+    """CTranslate2 behind the same run(lines, beam) interface as ours."""
 
-    def __init__(self, model_dir: Path, tokenizer_dir: Path, compute_type: str, threads: int,
-                 meta: dict[str, str], device: str = "cpu"):
+    COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "fp16": "float16"}
+
+    def __init__(self, spec: dict):
         import ctranslate2
         import sentencepiece as spm
 
-        self.translator = ctranslate2.Translator(str(model_dir), device=device,
-                                                 compute_type=compute_type,
-                                                 intra_threads=threads, inter_threads=1)
+        from src.to_ctranslate2 import pieces
+
+        tokenizer_dir, meta = Path(spec["tokenizer_dir"]), spec["meta"]
+        self.translator = ctranslate2.Translator(
+            spec["ct2_dir"], device=spec["device"],
+            compute_type=self.COMPUTE_TYPES[spec["precision"]],
+            intra_threads=spec["threads"], inter_threads=1)
         self.source, self.target = (
             spm.SentencePieceProcessor(model_file=str(tokenizer_dir / f"{side}.model"))
             for side in ("source", "target"))
@@ -58,6 +71,8 @@ class Ct2Engine:
         new_tokens = generation.max_new_tokens(
             max(len(t) for t in tokens), float(self.meta["max_length_ratio"]),
             int(self.meta["max_output_tokens"]))
+        from src.to_ctranslate2 import ct2_options
+
         results = self.translator.translate_batch(
             tokens, **ct2_options(self.target_pieces, beam, new_tokens,
                                   float(self.meta["length_penalty"])))
@@ -69,8 +84,12 @@ class Ct2Engine:
 
 
 class OnnxEngine:
-    def __init__(self, path: Path, threads: int, device: str = "cpu"):
-        self.translator = generation.load_translator(path, provider=device, threads=threads,
+    FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
+
+    def __init__(self, spec: dict):
+        path = Path(spec["models"]) / self.FILES[spec["precision"]]
+        self.translator = generation.load_translator(path, provider=spec["device"],
+                                                     threads=spec["threads"],
                                                      warn=lambda _: None)
 
     def run(self, lines: list[str], beam: int) -> list[str]:
@@ -85,6 +104,55 @@ def translate_all(engine, lines: list[str], batch_size: int, beam: int,
     out = generation.translate_in_batches(
         lines, batch_size, lambda idx: engine.run([lines[i] for i in idx], beam), lengths)
     return out, time.perf_counter() - start
+
+
+ENGINES = {"ours": OnnxEngine, "ctranslate2": Ct2Engine}
+
+
+def engine_class(name: str):
+    """`ours`, `ctranslate2`, or `module:Class` (a test's fake engine)."""
+    if name in ENGINES:
+        return ENGINES[name]
+    module, _, cls = name.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def refuse_foreign_modules(name: str) -> None:
+    """A timing process must hold neither torch nor the other engine's runtime."""
+    loaded = [m for m in FOREIGN.get(name, ("torch",)) if m in sys.modules]
+    if loaded:
+        sys.exit(f"error: refusing to time {name}: {', '.join(loaded)} is loaded in this "
+                 "process (it slows the engines; run each engine in a process of its own)")
+
+
+def worker(spec: dict) -> dict:
+    """One pass of one engine over every cell of `spec` (beam x batch), in this process:
+    {"pid", "modules" (the foreign ones loaded: none), "seconds" per cell, "outputs"}."""
+    refuse_foreign_modules(spec["engine"])
+    engine = engine_class(spec["engine"])(spec)
+    lines = spec["lines"]
+    lengths = {int(i): n for i, n in spec["lengths"].items()}
+    seconds, outputs = {}, {}
+    for beam, size in spec["cells"]:
+        engine.run(lines[:size], beam)  # warm-up
+        out, seconds[f"{beam},{size}"] = translate_all(engine, lines, size, beam, lengths)
+        if spec.get("keep_outputs"):
+            outputs[f"{beam},{size}"] = out
+    refuse_foreign_modules(spec["engine"])  # nothing the engine did pulled one in
+    watched = sorted({m for names in FOREIGN.values() for m in names} & set(sys.modules))
+    return {"pid": os.getpid(), "modules": watched, "seconds": seconds, "outputs": outputs}
+
+
+def run_worker(spec: dict, work: Path) -> dict:
+    """`worker(spec)` in a fresh Python process (this script with --worker)."""
+    spec_file = work / "spec.json"
+    spec_file.write_text(json.dumps(spec), encoding="utf-8")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--worker", str(spec_file)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        message = result.stderr.strip().splitlines()[-1:] or [f"exit {result.returncode}"]
+        sys.exit(f"error: the {spec['engine']} worker failed: {message[0]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def load_test(split_dir: Path) -> tuple[list[str], list[str]]:
@@ -111,75 +179,82 @@ def main() -> None:
                         help="cuda: our files on ONNX Runtime's CUDA provider (onnxruntime-gpu) "
                              "and CTranslate2 on the GPU; threads then only feed the CPU side")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="time each configuration this often, engines alternating; the "
-                             "fastest pass counts (this machine's run-to-run noise is ~20%%)")
+                        help="passes per engine, engines alternating, each in a new process; "
+                             "the fastest pass counts (this machine's run-to-run noise is ~20%%)")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one timing process
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker.read_text(encoding="utf-8")))))
+        return
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     if args.device == "cuda":
         require_gpu()
     tokenizer_dir = args.models / "tokenizer"
-    onnx_files = {"fp32": args.models / "model.onnx", "int8": args.models / "model.int8.onnx",
-                  "fp16": args.models / "model.fp16.onnx"}  # fp16: CUDA only
-    ct2_types = {"fp32": "float32", "int8": "int8", "fp16": "float16"}
+    precisions = args.precisions.split(",")
     sources, references = load_test(args.split_dir)
     target_lang = json.loads((tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
-    reference = generation.load_translator(onnx_files["fp32"], threads=1, warn=lambda _: None)
+    # this process times nothing: it may load a model to count source tokens (for batching)
+    reference = generation.load_translator(args.models / "model.onnx", threads=1,
+                                           warn=lambda _: None)
     meta = reference.meta
     lengths = {i: len(reference.encode(line, i + 1))  # source tokens, as src.infer batches
                for i, line in enumerate(sources) if line.strip()}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as work:
+        from src.to_ctranslate2 import convert  # torch, in this process only
+
         ct2_dir = convert(args.models / "model.pt", tokenizer_dir, Path(work) / "ct2")
-        engines = {
-            ("ours", p): lambda p=p, t=2: OnnxEngine(onnx_files[p], t, args.device)
-            for p in args.precisions.split(",")}
-        engines |= {("ctranslate2", p): lambda p=p, t=2: Ct2Engine(ct2_dir, tokenizer_dir,
-                                                                     ct2_types[p], t, meta,
-                                                                     args.device)
-                    for p in args.precisions.split(",")}
+        base = {"models": str(args.models), "ct2_dir": str(ct2_dir),
+                "tokenizer_dir": str(tokenizer_dir), "meta": meta, "device": args.device}
+
+        def passes(precision, threads, cells, lines, repeats, keep_outputs=False):
+            """Each engine `repeats` times, alternating, each pass a new process; the
+            fastest pass per cell, and the first pass's outputs."""
+            best: dict[str, dict[str, float]] = {}
+            outputs: dict[str, dict] = {}
+            for _ in range(repeats):
+                for name in ("ours", "ctranslate2"):
+                    spec = {**base, "engine": name, "precision": precision,
+                            "threads": threads, "cells": cells, "lines": lines,
+                            "lengths": {i: n for i, n in lengths.items() if i < len(lines)},
+                            "keep_outputs": keep_outputs and name not in outputs}
+                    result = run_worker(spec, Path(work))
+                    for cell, seconds in result["seconds"].items():
+                        best.setdefault(name, {})[cell] = min(
+                            seconds, best.get(name, {}).get(cell, float("inf")))
+                    outputs.setdefault(name, result["outputs"])
+            return best, outputs
 
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
-        quality, outputs = {}, {}
-        for (engine_name, precision), make in engines.items():
-            outputs[engine_name, precision], _ = translate_all(make(), sources, 32, 4,
-                                                         lengths)
-            quality[engine_name, precision] = bleu(outputs[engine_name, precision],
-                                                   references, target_lang)
-        for precision in args.precisions.split(","):
-            ours, theirs = outputs["ours", precision], outputs["ctranslate2", precision]
+        for precision in precisions:
+            _, outputs = passes(precision, 2, [[4, 32]], sources, 1, keep_outputs=True)
+            ours, theirs = outputs["ours"]["4,32"], outputs["ctranslate2"]["4,32"]
             same = sum(a == b for a, b in zip(ours, theirs)) / len(ours)
             row = {"kind": "quality", "precision": precision, "beam": 4, "batch": 32,
-                   "sentences": len(sources), "bleu_ours": quality["ours", precision],
-                   "bleu_ctranslate2": quality["ctranslate2", precision],
+                   "sentences": len(sources), "bleu_ours": bleu(ours, references, target_lang),
+                   "bleu_ctranslate2": bleu(theirs, references, target_lang),
                    "identical": round(same, 4)}
             rows.append(row)
             print(json.dumps(row), flush=True)
 
         # 2. Speed at natural lengths.
         lines = sources[: args.sentences] if args.sentences else sources
+        cells = [[beam, size] for beam in ints(args.beams) for size in ints(args.batches)]
         for threads in ints(args.threads):
-            for precision in args.precisions.split(","):
-                loaded = {name: make(t=threads) for (name, p), make in engines.items()
-                          if p == precision}
-                for beam in ints(args.beams):
-                    for size in ints(args.batches):
-                        row = {"kind": "speed", "precision": precision, "threads": threads,
-                               "beam": beam, "batch": size, "sentences": len(lines),
-                               "repeats": args.repeats}
-                        best = {name: float("inf") for name in loaded}
-                        for engine in loaded.values():
-                            engine.run(lines[:size], beam)  # warm-up
-                        for _ in range(args.repeats):
-                            for name, engine in loaded.items():
-                                _, seconds = translate_all(engine, lines, size, beam, lengths)
-                                best[name] = min(best[name], seconds)
-                        for name, seconds in best.items():
-                            row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)
-                        row["ours_vs_ctranslate2"] = round(
-                            row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+            for precision in precisions:
+                best, _ = passes(precision, threads, cells, lines, args.repeats)
+                for beam, size in cells:
+                    row = {"kind": "speed", "precision": precision, "threads": threads,
+                           "beam": beam, "batch": size, "sentences": len(lines),
+                           "repeats": args.repeats}
+                    for name in ("ours", "ctranslate2"):
+                        seconds = best[name][f"{beam},{size}"]
+                        row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)
+                    row["ours_vs_ctranslate2"] = round(
+                        row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     print_table(rows)
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -385,6 +385,29 @@ def test_infer_imports_neither_torch_nor_training_code():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("name", ["model.onnx", "model.int8.onnx", "model.text.onnx",
+                                  "model.int8.text.onnx"])
+def test_translating_with_any_file_never_imports_torch(project, name):
+    """torch is installed here: opening and running a file must still not import it. The text
+    files' operator library came from importing onnxruntime_extensions, whose package imports
+    torch (2 s, 250 MB), and it was loaded for every file, text or not."""
+    code = ("import sys; from pathlib import Path; from src.runtime import generation; "
+            "t = generation.load_translator(Path(sys.argv[1])); "
+            "print(t.translate(['She sees five rabbits.'])); "
+            "print(sorted({'torch', 'onnxruntime_extensions'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code, str(project / "models" / name)],
+                            cwd=REPO, capture_output=True, text=True, check=True)
+    translations, loaded = result.stdout.strip().splitlines()[-2:]
+    assert translations.startswith("['") and loaded == "[]"
+    cli = ("import sys, runpy; sys.argv = ['infer', '--onnx', sys.argv[1], 'Hi.']; "
+           "import atexit; atexit.register(lambda: print(sorted({'torch'} & set(sys.modules)), "
+           "file=sys.stderr)); runpy.run_module('src.infer', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", cli, str(project / "models" / name)],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+
+
 def help_defaults(module: str) -> dict[str, str]:
     """`--option: default` as `python -m <module> --help` prints them, on a wide terminal."""
     result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, text=True,

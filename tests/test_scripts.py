@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -286,3 +287,37 @@ def test_training_sitting_says_which_target_is_missed():
     note = bench.target_note(rows)
     assert "ours fp32 / peer fp32 1.10x (target 1.2)" in note
     assert note.endswith("2 of 3 met on this CPU.")
+
+
+def fake_spec(name: str = "fake_engine:EchoEngine") -> dict:
+    lines = ["one two", "three", "four five six"]
+    return {"engine": name, "precision": "fp32", "threads": 1, "device": "cpu",
+            "cells": [[1, 1], [4, 2]], "lines": lines, "keep_outputs": True,
+            "lengths": {str(i): len(line.split()) for i, line in enumerate(lines)}}
+
+
+def test_engine_benchmark_times_each_engine_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """The harness imported torch (for the conversion) before CTranslate2, which then ran 5x
+    slower at two threads: now every pass runs in a new process that loads neither torch nor
+    an engine runtime of its own accord."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    bench = load_script("benchmark_engines")
+    first, second = (bench.run_worker(fake_spec(), tmp_path) for _ in range(2))
+    assert len({first["pid"], second["pid"], os.getpid()}) == 3
+    assert first["modules"] == [] and second["modules"] == []  # no torch, no engine runtime
+    assert set(first["seconds"]) == {"1,1", "4,2"}
+    assert first["outputs"]["4,2"] == ["ONE TWO", "THREE", "FOUR FIVE SIX"]
+
+
+def test_engine_benchmark_refuses_to_time_in_a_process_with_torch(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(fake_spec("ctranslate2")))
+    code = ("import sys, runpy, torch; sys.argv = [sys.argv[1], '--worker', sys.argv[2]]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    script = REPO / "scripts/benchmark_engines.py"
+    result = subprocess.run([sys.executable, "-c", code, str(script), str(spec)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("error: refusing to time ctranslate2: torch is loaded in "
+                                     "this process (it slows the engines; run each engine in a "
+                                     "process of its own)")

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_stage
+from helpers import REPO, clean_environ, run_stage
 from test_export import exported_project
 
 pytestmark = pytest.mark.slow
@@ -66,6 +66,22 @@ def test_export_registers_a_candidate_without_torch(tracking):
     requirements = open(mlflow.pyfunc.get_model_dependencies("models:/nmt-en-zh@candidate")).read()
     assert "onnxruntime" in requirements and "sentencepiece" in requirements
     assert "torch" not in requirements
+
+
+def test_the_served_model_never_imports_torch(project, tracking, cli_translations):
+    """torch is installed here, as in most venvs: loading and predicting must still not import
+    it (onnxruntime-extensions' package imports torch; a process with torch in it slowed
+    CTranslate2 five-fold at two threads)."""
+    code = ("import sys, mlflow.pyfunc; m = mlflow.pyfunc.load_model(sys.argv[1]); "
+            "print(m.predict(sys.argv[2:])); "
+            "print(sorted({'torch', 'onnxruntime_extensions'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code, "models:/nmt-en-zh@candidate",
+                             *SENTENCES], cwd=REPO, capture_output=True, text=True,
+                            env={**clean_environ(), "MLFLOW_TRACKING_URI": tracking}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    translations, loaded = result.stdout.strip().splitlines()[-2:]
+    assert translations == str(cli_translations)
+    assert loaded == "[]"
 
 
 def test_pyfunc_translates_a_list_and_a_dataframe_like_src_infer(tracking, cli_translations):

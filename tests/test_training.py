@@ -557,3 +557,19 @@ def test_a_stage_that_raises_ends_its_run_and_repro_run_failed(tmp_path, monkeyp
         mlflow.set_tracking_uri(before)
     statuses = {r.data.tags.get("stage", "repro"): r.info.status for r in runs}
     assert statuses == {"split": "FAILED", "repro": "FAILED"}
+
+
+def test_the_train_curve_ends_at_the_last_step():
+    """A 40-step run with log_every_steps 50 wrote an empty train_curve.csv (DVC warned of
+    it); a longer one ended its curve at the last multiple of 50, not at its last step."""
+    from src.training.fit import train_curve_rows
+
+    short = TrainState(step=40, last_loss=9.12345, train_seconds=4.0, tokens_seen=8000)
+    assert train_curve_rows(short, lr=1e-4) == [
+        {"step": 40, "loss": 9.1235, "lr": 1e-4, "tokens_per_s": 2000.0}]
+    logged = {"step": 50, "loss": 8.0, "lr": 2e-4, "tokens_per_s": 1900.0}
+    longer = TrainState(step=53, last_loss=7.5, train_seconds=5.0, tokens_seen=10600,
+                        curve=[logged])
+    assert train_curve_rows(longer, lr=3e-4)[-1]["step"] == 53
+    assert train_curve_rows(TrainState(step=50, curve=[logged]), lr=0.0) == [logged]
+    assert train_curve_rows(TrainState(), lr=0.0) == []

@@ -92,12 +92,24 @@ def pad_rows(rows: list[list[int]], pad: int) -> np.ndarray:
 
 # -- sessions and providers --------------------------------------------------------------------
 def extensions_library() -> str | None:
-    """The onnxruntime-extensions operator library (SentencePiece ops of text models)."""
+    """The onnxruntime-extensions operator library (SentencePiece ops of text models), found
+    without importing the package: its `__init__` imports torch whenever torch is installed
+    (1.8-2.2 s and ~250 MB), and a process with torch in it slows other engines too."""
+    import importlib.machinery
+    import importlib.util
+
     try:
-        import onnxruntime_extensions
-    except ImportError:
+        spec = importlib.util.find_spec("onnxruntime_extensions")
+    except (ImportError, ValueError):
         return None
-    return onnxruntime_extensions.get_library_path()
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            library = Path(folder) / f"_extensions_pydll{suffix}"
+            if library.is_file():
+                return str(library)
+    return None
 
 
 @contextmanager
@@ -141,15 +153,16 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
     options.inter_op_num_threads = 1
     options.log_severity_level = severity
     options.add_session_config_entry(placement.RECORD_ASSIGNMENTS, "1")
-    library = extensions_library()
-    if library is not None:  # text models need its operators; others ignore them
+    # only text models use its operators: others never load it
+    library = extensions_library() if kind.text else None
+    if library is not None:
         options.register_custom_ops_library(library)
     try:
         with native_stderr_filtered():
             session = ort.InferenceSession(str(model_path), options, providers=wanted)
     except Exception as exc:  # onnxruntime raises its own types for bad protobufs and graphs
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if library is None and "ai.onnx.contrib" in str(exc):
+        if "ai.onnx.contrib" in str(exc) and extensions_library() is None:
             first = "it is a text model and needs `pip install onnxruntime-extensions`"
         raise PipelineError(f"cannot load model {model_path}: {first}") from None
     if CUDA in wanted and session.get_providers()[0] != CUDA:

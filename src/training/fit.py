@@ -54,6 +54,16 @@ def write_curve(path: Path, rows: list[dict]) -> None:
             writer.writerows(rows)
 
 
+def train_curve_rows(st, lr: float) -> list[dict]:
+    """The logged training curve, ending at the last step: a run shorter than
+    `train.log_every_steps` (a smoke run) had none, and DVC warned of the empty file."""
+    if st.step == 0 or (st.curve and st.curve[-1]["step"] == st.step):
+        return st.curve
+    overall = st.tokens_seen / max(st.train_seconds, 1e-9)
+    return [*st.curve, {"step": st.step, "loss": round(st.last_loss, 4), "lr": lr,
+                        "tokens_per_s": round(overall, 1)}]
+
+
 def train(
     world: World,
     model_params: ModelParams,
@@ -148,7 +158,8 @@ def train(
             final_valid["valid_bleu"] = validation_bleu(model, *valid_data, tokenizers,
                                                         target_lang, cfg.valid_max_length_ratio)
         checkpoint.save(checkpoint.model_state(model, averaged_epochs=epochs), model_out)
-        write_curve(metrics.with_name(paths.TRAIN_CURVE.name), st.curve)
+        write_curve(metrics.with_name(paths.TRAIN_CURVE.name),
+                    train_curve_rows(st, trainer.scheduler.get_last_lr()[0]))
         write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)
         summary = {
             "n_parameters": n_params,
