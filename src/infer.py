@@ -45,9 +45,9 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     translator = load_translator(onnx, tokenizer, provider, threads)
     if isinstance(translator, TextTranslator):
         translator.check_search(beam, max_length)
-    used = threads or DEFAULT_THREADS  # None from a caller in Python
     on_cpu = translator.provider == CPU
-    print(f"infer: {translator.ran_on}" + (f", {used} thread{'s' * (used > 1)}" if on_cpu else ""),
+    print(f"infer: {translator.ran_on}"
+          + (f", {threads} thread{'s' * (threads > 1)}" if on_cpu else ""),
           file=sys.stderr)
     return translator
 

@@ -39,11 +39,12 @@ def spawn(dvc_pid: int, run_id: str, tracking_uri: str) -> None:
 def wait_for_exit(pid: int, poll_s: float = POLL_S) -> None:
     import psutil
 
-    try:
-        proc = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
         time.sleep(poll_s)
 
 
@@ -74,7 +75,12 @@ def main(argv: list[str]) -> None:
 
     logging.getLogger("mlflow").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.ERROR)
-    finish(MlflowClient(tracking_uri=uri), run_id)
+    for attempt in range(5):  # a store busy with the last stage's writes: try again
+        try:
+            finish(MlflowClient(tracking_uri=uri), run_id)
+            return
+        except Exception:
+            time.sleep(2.0 * (attempt + 1))
 
 
 if __name__ == "__main__":
