@@ -321,3 +321,25 @@ def test_engine_benchmark_refuses_to_time_in_a_process_with_torch(tmp_path):
     assert result.stderr.strip() == ("error: refusing to time ctranslate2: torch is loaded in "
                                      "this process (it slows the engines; run each engine in a "
                                      "process of its own)")
+
+
+def test_engine_sittings_judge_each_cell_by_its_worst_sitting(tmp_path):
+    def sitting(name: str, cells: list[tuple]) -> Path:
+        rows = [{"kind": "quality"}] + [
+            {"kind": "speed", "precision": "int8", "beam": 1, "batch": 1, "threads": threads,
+             "ours_sent_per_s": ours, "ctranslate2_sent_per_s": theirs,
+             "ours_vs_ctranslate2": round(ours / theirs, 2)} for threads, ours, theirs in cells]
+        path = tmp_path / name
+        path.write_text(json.dumps({"rows": rows}))
+        return path
+
+    first = sitting("a.json", [(1, 330.0, 415.0), (2, 300.0, 57.0)])
+    second = sitting("b.json", [(1, 340.0, 170.0), (2, 350.0, 60.0)])
+    sittings = load_script("engine_sittings")
+    rows = [sittings.speed_rows(p) for p in (first, second)]
+    cells = sittings.cell_table(rows)
+    assert cells[2] == "| int8 1 1, 1 | 330.0 / 415.0 (0.8) | 340.0 / 170.0 (2.0) | 0.8 |"
+    best = sittings.best_thread_table(rows)
+    # each engine at its own faster thread count: ours 330 (1t) vs CTranslate2 415 (1t)
+    assert best[2] == ("| int8 1 1 | 330.0 (1t) / 415.0 (1t) (0.8) | "
+                       "350.0 (2t) / 170.0 (1t) (2.06) | 0.8 |")
