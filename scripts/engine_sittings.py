@@ -19,12 +19,15 @@ def speed_rows(path: Path) -> list[dict]:
             if r["kind"] == "speed"]
 
 
+def table_head(first: str, sittings: int) -> list[str]:
+    columns = " | ".join(f"sitting {i + 1}" for i in range(sittings))
+    return [f"| {first} | {columns} | worst ratio |", "|---|" + "---|" * (sittings + 1)]
+
+
 def cell_table(sittings: list[list[dict]]) -> list[str]:
     keys = sorted({(r["precision"], r["beam"], r["batch"], r["threads"])
                    for rows in sittings for r in rows})
-    header = "| precision, beam, batch, threads | " + " | ".join(
-        f"sitting {i + 1}" for i in range(len(sittings))) + " | worst ratio |"
-    lines = [header, "|---|" + "---|" * (len(sittings) + 1)]
+    lines = table_head("precision, beam, batch, threads", len(sittings))
     for key in keys:
         cells, ratios = [], []
         for rows in sittings:
@@ -58,9 +61,7 @@ def best_thread_rows(rows: list[dict]) -> dict[tuple, tuple[float, int, float, i
 def best_thread_table(sittings: list[list[dict]]) -> list[str]:
     per_sitting = [best_thread_rows(rows) for rows in sittings]
     keys = sorted({k for best in per_sitting for k in best})
-    header = "| precision, beam, batch | " + " | ".join(
-        f"sitting {i + 1}" for i in range(len(sittings))) + " | worst ratio |"
-    lines = [header, "|---|" + "---|" * (len(sittings) + 1)]
+    lines = table_head("precision, beam, batch", len(sittings))
     for key in keys:
         cells, ratios = [], []
         for best in per_sitting:
