@@ -257,10 +257,13 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
     print_table(rows)
     if args.json:
+        from scripts.benchmark_training import cpu_description  # torch: this process only
+
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv),
-                                         "commit": commit, "rows": rows}, indent=1) + "\n")
+                                         "commit": commit, "machine": cpu_description(),
+                                         "rows": rows}, indent=1) + "\n")
 
 
 def require_gpu() -> None:
