@@ -1,20 +1,24 @@
-"""download: fetch the parallel corpus -> data/raw/corpus.tsv, test.tsv (+ data/download.json).
+"""download: fetch the training corpora -> data/raw/<name>.tsv, test.tsv (+ data/download.json).
 
-Reads params `pair.*` and `download.*`. A URL may be http(s), `file://`, or a local path (see
-src/transport.py for what every fetch guarantees: length, deadline, size cap, redirects); the
-payload may be a zip archive (the member is extracted, capped at `download.max_bytes` however
+Reads params `pair.*` and `download.*`. `download.url` names one corpus (written as
+data/raw/corpus.tsv); `download.corpora` lists several, each with a name, one source and a
+weight (applied by `split`). A URL may be http(s), `file://`, or a local path (see
+src/data/transport.py for what every fetch guarantees: length, deadline, size cap, redirects);
+the payload may be a zip archive (the member is extracted, capped at `download.max_bytes` however
 its header reads) or a plain TSV. A URL holding `{lang}` names one plain text file per
 language, aligned line by line (train.en + train.vi style); they are joined into the same TSV
-layout, each side in its `pair.*_column`.
+layout, each side in its `pair.*_column`. A `hub:` source is a dataset repo on the Hugging Face
+Hub at a revision (src/data/hub.py); the commit that revision resolved to is written to
+data/download.json, which DVC tracks, and to the stage's MLflow run.
 
-Text is decoded strictly (src/text.py): UTF-8 or UTF-16 with a BOM; anything else, or an
+Text is decoded strictly (src/core/text.py): UTF-8 or UTF-16 with a BOM; anything else, or an
 HTML page, is refused with file, line and byte offset. Valid UTF-8 is written byte for byte (so
 the corpus sha256 is the member's), UTF-16 is converted to UTF-8.
 `download.test_url` optionally names a predefined test set in the same forms; it is written to
 data/raw/test.tsv, which is absent when the test split is to be carved out of the corpus (DVC
 declares the folder data/raw, so no empty output is declared and warned about).
-`download.sha256`, when set, pins the corpus TSV. Outputs are written atomically, URLs are
-recorded and shown with credentials and query strings redacted.
+A sha256, when set, pins a URL corpus's TSV. data/raw is replaced as a whole, only once every
+corpus is in; URLs are recorded and shown with credentials and query strings redacted.
 """
 
 from __future__ import annotations
@@ -25,13 +29,10 @@ from pathlib import Path
 import typer
 
 from src.core import paths, tracking
-from src.core.atomic import atomic_path, write_json
+from src.core.atomic import atomic_dir, write_json
 from src.core.cli import run_cli
-from src.core.errors import PipelineError
-from src.core.params import DownloadParams, PairParams, load_params
-from src.data.corpus import (
-    fetch_corpus,
-)
+from src.core.params import CorpusSpec, DownloadParams, PairParams, load_params
+from src.data.corpus import fetch_corpus, write_corpus
 from src.data.transport import redact
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -39,43 +40,56 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command()
 def main(
-    out: Path = typer.Option(paths.RAW_CORPUS, help="Corpus TSV to write."),
-    test_out: Path = typer.Option(paths.RAW_TEST, help="Predefined test TSV (absent if none)."),
-    meta: Path = typer.Option(paths.RAW_META, help="JSON with urls, sizes and sha256s."),
+    out_dir: Path = typer.Option(paths.RAW, help="Folder to write: <name>.tsv per corpus, "
+                                 "test.tsv when download.test_url names one."),
+    meta: Path = typer.Option(paths.RAW_META, help="JSON with sources, sizes and sha256s."),
 ) -> None:
-    """Download the corpus named by params `download.url` (http(s), file:// or a local path;
-    zip, plain TSV, or one text file per language via `{lang}`) and the optional predefined
-    test set `download.test_url`; write each as one UTF-8 TSV, atomically (columns as params
-    `pair.*` say)."""
+    """Download the corpora named by params `download.url` or `download.corpora` (http(s),
+    file:// or a local path: zip, plain TSV, or one text file per language via `{lang}`; or a
+    Hugging Face Hub dataset at a revision) and the optional predefined test set
+    `download.test_url`; write each as one UTF-8 TSV (columns as params `pair.*` say)."""
     pair = load_params(PairParams)
     cfg = load_params(DownloadParams)
-    shown = cfg.model_dump() | {"url": redact(cfg.url), "test_url": redact(cfg.test_url)}
+    shown = cfg.model_dump() | {"url": redact(cfg.url), "test_url": redact(cfg.test_url),
+                                "corpora": [shown_spec(c) for c in cfg.corpora]}
     params = {"pair": pair.model_dump(), "download": shown}
     with tracking.stage_run("download", params) as run:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".download.") as tmp_dir:
-            corpus = fetch_corpus(cfg.url, cfg, pair, Path(tmp_dir))
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".download.") as tmp_dir, \
+                atomic_dir(out_dir) as new_dir:
+            corpora = [write_corpus(spec, cfg, pair, Path(tmp_dir), new_dir / f"{spec.name}.tsv")
+                       for spec in cfg.corpus_list()]
             test = fetch_corpus(cfg.test_url, cfg, pair, Path(tmp_dir)) if cfg.test_url else None
-        got = corpus["info"]["corpus_sha256"]
-        if cfg.sha256 and got != cfg.sha256:
-            raise PipelineError(f"download.sha256 mismatch: expected {cfg.sha256}, got {got} "
-                                f"for {redact(cfg.url)} (the corpus changed upstream?)")
-        with atomic_path(out) as tmp:
-            tmp.write_bytes(corpus["corpus"])
-        if test:
-            with atomic_path(test_out) as tmp:
-                tmp.write_bytes(test["corpus"])
-        else:  # a predefined test set of an earlier run must not stay the test split
-            test_out.unlink(missing_ok=True)
-        info = {"corpus": corpus["info"], "test": test["info"] if test else None}
+            if test:
+                (new_dir / paths.RAW_TEST.name).write_bytes(test["corpus"])
+        info = {"corpora": corpora, "test": test["info"] if test else None}
         write_json(meta, info)
-        lines = {"corpus_lines": corpus["info"]["corpus_lines"],
-                 "test_lines": test["info"]["corpus_lines"] if test else 0}
-        run.log_metrics({"corpus_bytes": corpus["info"]["corpus_bytes"], **lines})
-        run.set_tags({"corpus_sha256": corpus["info"]["corpus_sha256"]})
-    sha = corpus["info"]["corpus_sha256"]
-    print(f"wrote {out} ({corpus['info']['corpus_bytes']:,} bytes, sha256 {sha[:12]}…)"
-          + (f" and {test_out} ({lines['test_lines']:,} lines)" if test else ""))
+        run.log_metrics({f"{c['name']}_{key}": c[key] for c in corpora
+                         for key in ("corpus_bytes", "corpus_lines")}
+                        | {"test_lines": test["info"]["corpus_lines"] if test else 0})
+        run.set_tags({f"{c['name']}_sha256": c["corpus_sha256"] for c in corpora}
+                     | {f"{c['name']}_hub_commit": c["hub"]["commit"] for c in corpora
+                        if "hub" in c})
+        run.log_sources(corpora)
+    for corpus in corpora:
+        print(f"wrote {out_dir / corpus['name']}.tsv ({corpus['corpus_lines']:,} lines, "
+              f"{corpus['corpus_bytes']:,} bytes, sha256 {corpus['corpus_sha256'][:12]}…)"
+              + (f" from {corpus['hub']['id']} at commit {corpus['hub']['commit'][:12]}"
+                 if "hub" in corpus else ""))
+    if test:
+        print(f"wrote {out_dir / paths.RAW_TEST.name} ({test['info']['corpus_lines']:,} lines)")
+    if any(spec.hub and spec.hub.revision != corpus["hub"]["commit"]
+           for spec, corpus in zip(cfg.corpus_list(), corpora)):
+        print("note: a Hub branch or tag was read at the commit above; dvc repro does not see "
+              "the branch move until its revision param changes (pin the commit to be sure)")
+
+
+def shown_spec(spec: CorpusSpec) -> dict:
+    """A corpus entry as logged: its URL redacted, unset keys left out."""
+    shown = spec.model_dump(exclude_defaults=True)
+    if spec.url:
+        shown["url"] = redact(spec.url)
+    return shown
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def test_plain_tsv_by_local_path(tmp_path, toy_tsv):
     assert result.returncode == 0, result.stderr
     corpus = root / "data/raw/corpus.tsv"
     assert corpus.read_bytes() == toy_tsv.read_bytes()
-    meta = json.loads((root / "data/download.json").read_text())["corpus"]
+    meta = json.loads((root / "data/download.json").read_text())["corpora"][0]
     assert meta["corpus_sha256"] == hashlib.sha256(toy_tsv.read_bytes()).hexdigest()
     assert meta["corpus_bytes"] == toy_tsv.stat().st_size
     assert meta["corpus_lines"] == 1080
@@ -35,7 +35,7 @@ def test_zip_by_file_url_picks_the_corpus_member(tmp_path, toy_tsv):
     result = run_stage(root, "download")
     assert result.returncode == 0, result.stderr
     assert (root / "data/raw/corpus.tsv").read_bytes() == toy_tsv.read_bytes()
-    meta = json.loads((root / "data/download.json").read_text())["corpus"]
+    meta = json.loads((root / "data/download.json").read_text())["corpora"][0]
     assert meta["payload_sha256"] == [hashlib.sha256(archive.read_bytes()).hexdigest()]
     # no predefined test set: no file (an empty declared output made DVC warn on every run)
     assert not (root / "data/raw/test.tsv").exists()

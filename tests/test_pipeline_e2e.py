@@ -76,7 +76,7 @@ def test_every_stage_wrote_its_outputs(project):
     assert (project / "data/raw/corpus.tsv").read_text(encoding="utf-8") == toy_tsv()
     meta = json.loads((project / "data/download.json").read_text())
     corpus = (project / "data/raw/corpus.tsv").read_bytes()
-    assert meta["corpus"]["corpus_sha256"] == hashlib.sha256(corpus).hexdigest()
+    assert meta["corpora"][0]["corpus_sha256"] == hashlib.sha256(corpus).hexdigest()
     assert meta["test"] is None
     splits = load_from_disk(str(project / "data/split"))
     counts = json.loads((project / "data/split_stats.json").read_text())

@@ -20,7 +20,7 @@ def test_download_and_split_real_corpus(tmp_path):
     root = scratch_root(tmp_path, download={"url": str(ARCHIVE)})
     result = run_stage(root, "download")
     assert result.returncode == 0, result.stderr
-    meta = json.loads((root / "data/download.json").read_text())["corpus"]
+    meta = json.loads((root / "data/download.json").read_text())["corpora"][0]
     assert meta["corpus_sha256"] == CMN_TXT_SHA256
     assert meta["corpus_lines"] == 29156
 

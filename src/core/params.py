@@ -60,14 +60,104 @@ class PairParams(Section):
         return self
 
 
+class Entry(BaseModel):
+    """A mapping inside a section (a list item): same strictness, optional keys have defaults."""
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class HubSource(Entry):
+    """A dataset repo on the Hugging Face Hub, read at one revision, and where its two sides sit:
+    a column of {lang: text} dicts (`translation`, as OPUS-100 and WMT have it), two plain
+    text columns (`columns: [source, target]`), or two configs joined on an id column
+    (`configs: [source, target]`, as FLORES+ has one config per language)."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # owner/name
+    config: str = ""  # "" for a repo with one (default) config, and with `configs`
+    split: str = Field(min_length=1)
+    revision: str = Field(min_length=1)  # a commit pins the bytes; a branch is resolved once
+    translation: str = ""  # column holding {lang: text} dicts
+    keys: list[str] = []  # that dict's [source, target] keys; []: the pair's languages
+    columns: list[str] = []  # [source, target] plain text columns
+    configs: list[str] = []  # [source, target] configs, rows joined on `join_on`
+    join_on: str = "id"
+    text: str = "text"  # the text column of each of `configs`
+
+    @model_validator(mode="after")
+    def _one_layout(self):
+        given = [k for k in ("translation", "columns", "configs") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("say where the two sides are with exactly one of translation "
+                             f"(a column of {{lang: text}} dicts), columns or configs (got "
+                             f"{', '.join(given) or 'none'})")
+        for key in ("keys", "columns", "configs"):
+            if getattr(self, key) and len(getattr(self, key)) != 2:
+                raise ValueError(f"{key} must name two: [source, target]")
+        if self.keys and not self.translation:
+            raise ValueError("keys name the translation dict's keys: set translation too")
+        if self.configs and self.config:
+            raise ValueError("with configs (one per side) leave config empty")
+        return self
+
+    def described(self) -> str:
+        config = self.config or "+".join(self.configs)
+        return f"{self.id} ({config + ', ' if config else ''}{self.split}, {self.revision})"
+
+
+class CorpusSpec(Entry):
+    """One training corpus: a name, exactly one source (`url` or `hub`), and its weight in the
+    mix (see src/data/mixing.py: each kept training pair is taken `weight` times)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=64)
+    url: str = ""  # as download.url: zip, TSV, or one file per language with {lang}
+    hub: HubSource | None = None
+    member: str = ""  # file inside a zip; "" picks the largest .txt/.tsv member
+    sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")  # pins this corpus's TSV
+    weight: float = Field(1.0, gt=0)
+    max_pairs: int = Field(0, ge=0)  # > 0: a seeded sample of this many lines, in corpus order
+    seed: int = 0  # the sample's seed
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if bool(self.url) == bool(self.hub):
+            raise ValueError(f"corpus '{self.name}' needs exactly one source: url or hub")
+        if self.name == "test":
+            raise ValueError("'test' names the predefined test set; call the corpus otherwise")
+        if self.hub and (self.member or self.sha256):
+            raise ValueError(f"corpus '{self.name}': member and sha256 are for url sources; a "
+                             "hub source is pinned by its revision")
+        return self
+
+
 class DownloadParams(Section):
     section: ClassVar[str] = "download"
-    url: str = Field(min_length=1)  # "{lang}" in it: one text file per language
+    url: str  # "{lang}" in it: one text file per language; "" when `corpora` lists them
+    # Several corpora, mixed by weight (each: name, url or hub, weight, max_pairs); [] reads
+    # `url` alone, as the corpus named "corpus" with `member` and `sha256` below
+    corpora: list[CorpusSpec] = []
     test_url: str  # a predefined test set in the same forms; "": split carves one out
     member: str  # file inside a zip archive; "" picks the largest .txt/.tsv member
     timeout_s: float = Field(gt=0)  # deadline per file (a stalled read fails sooner)
     max_bytes: int = Field(gt=0)  # cap on a downloaded payload and on an unzipped member
     sha256: str = Field(pattern=r"^([0-9a-f]{64})?$")  # pins the corpus TSV; "": not pinned
+
+    @model_validator(mode="after")
+    def _url_or_corpora(self):
+        if bool(self.url) == bool(self.corpora):
+            raise ValueError("set either url (one corpus) or corpora (a list), not "
+                             + ("both" if self.url else "neither"))
+        if self.corpora and (self.member or self.sha256):
+            raise ValueError("with corpora, give member and sha256 inside each corpus")
+        names = [c.name for c in self.corpora]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two corpora are named '{twice[0]}'; names must be unique")
+        return self
+
+    def corpus_list(self) -> list[CorpusSpec]:
+        """The corpora to read: `corpora`, or `url` as a list of one named "corpus"."""
+        if self.corpora:
+            return list(self.corpora)
+        return [CorpusSpec(name="corpus", url=self.url, member=self.member, sha256=self.sha256)]
 
 
 class SplitParams(Section):

@@ -57,6 +57,7 @@ class NullRun:
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def log_datasets(self, data_dir: Path, contexts: dict[str, str],
                      on_parent: bool = True) -> None: ...
+    def log_sources(self, corpora: list[dict], context: str = "training") -> None: ...
     def log_model(self, log: Callable[[], str]) -> str | None: ...
 
     @property
@@ -184,6 +185,34 @@ class MlflowRun(NullRun):
                 inputs.append(DatasetInput(dataset._to_mlflow_entity(),
                                            [InputTag("mlflow.data.context", context)]))
         for run_id in filter(None, (self._run_id, self._parent_id if on_parent else None)):
+            self._client.log_inputs(run_id, datasets=inputs)
+
+    @best_effort
+    def log_sources(self, corpora: list[dict], context: str = "training") -> None:
+        """Log each downloaded corpus (data/download.json's entries) as a dataset input named
+        after it, whose source says where it came from: the Hub id, config, split and the
+        commit read, or the URL; its digest is the sha256 of the TSV written. The repro's
+        parent run gets them too, so the runs table's Dataset column tells two runs' data
+        apart."""
+        from mlflow.data.http_dataset_source import HTTPDatasetSource
+        from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        inputs = []
+        for corpus in corpora:
+            if "hub" in corpus:
+                hub = corpus["hub"]
+                source = HuggingFaceDatasetSource(
+                    hub["id"], config_name=hub.get("config") or "+".join(hub.get("configs", []))
+                    or None, split=hub["split"], revision=hub["commit"])
+            else:
+                source = HTTPDatasetSource(corpus["urls"][0])
+            dataset = MetaDataset(source, name=corpus["name"],
+                                  digest=corpus["corpus_sha256"][:12])
+            inputs.append(DatasetInput(dataset._to_mlflow_entity(),
+                                       [InputTag("mlflow.data.context", context)]))
+        for run_id in filter(None, (self._run_id, self._parent_id)):
             self._client.log_inputs(run_id, datasets=inputs)
 
     @best_effort

@@ -1,5 +1,6 @@
 """Fetching a corpus into one TSV: a zip member, a TSV, or one text file per language joined side
-by side; strict UTF-8, bounded sizes (the download stage's work; transport.py moves the bytes)."""
+by side, or a Hub dataset (hub.py); strict UTF-8, bounded sizes, an optional seeded sample (the
+download stage's work; transport.py moves the bytes)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import zlib
 from pathlib import Path
 
 from src.core.errors import PipelineError
-from src.core.params import DownloadParams, PairParams
+from src.core.params import CorpusSpec, DownloadParams, PairParams
 from src.core.text import decode, split_lines
 from src.data.transport import fetch, redact
 
@@ -108,7 +109,8 @@ def side_urls(url: str, langs: dict[int, str]) -> list[str]:
     return [url.replace("{lang}", lang) for lang in langs.values()]
 
 
-def fetch_corpus(url: str, cfg: DownloadParams, pair: PairParams, tmp_dir: Path) -> dict:
+def fetch_corpus(url: str, cfg: DownloadParams, pair: PairParams, tmp_dir: Path,
+                 member: str = "") -> dict:
     """Fetch one corpus (a zip/TSV, or one file per language) -> TSV bytes and provenance."""
     langs = {pair.source_column: pair.source_lang, pair.target_column: pair.target_lang}
     urls = side_urls(url, langs)
@@ -118,7 +120,7 @@ def fetch_corpus(url: str, cfg: DownloadParams, pair: PairParams, tmp_dir: Path)
         fetch(one_url, payloads[-1], cfg.timeout_s, cfg.max_bytes)
     shown = [redact(u) for u in urls]
     if len(urls) == 1:
-        corpus = extract_corpus(payloads[0], cfg.member, cfg.max_bytes, shown[0])
+        corpus = extract_corpus(payloads[0], member, cfg.max_bytes, shown[0])
     else:
         sides = {col: read_text_file(p, u) for col, p, u in zip(langs, payloads, shown)}
         corpus = join_sides(sides, shown)
@@ -135,3 +137,59 @@ def fetch_corpus(url: str, cfg: DownloadParams, pair: PairParams, tmp_dir: Path)
             "corpus_lines": corpus.count(b"\n"),
         },
     }
+
+
+class _TsvSink:
+    """The corpus file being written: its size capped, its sha256 and lines counted."""
+
+    def __init__(self, fh, name: str, max_bytes: int):
+        self.fh, self.name, self.max_bytes = fh, name, max_bytes
+        self.digest, self.bytes, self.lines = hashlib.sha256(), 0, 0
+
+    def write(self, data: bytes) -> None:
+        self.bytes += len(data)
+        if self.bytes > self.max_bytes:
+            raise PipelineError(f"corpus '{self.name}' is larger than download.max_bytes "
+                                f"({self.max_bytes:,} bytes); raise it if expected")
+        self.digest.update(data)
+        self.lines += data.count(b"\n")
+        self.fh.write(data)
+
+
+def write_corpus(spec: CorpusSpec, cfg: DownloadParams, pair: PairParams, tmp_dir: Path,
+                 dest: Path) -> dict:
+    """One corpus of the list as a TSV file at `dest`, and where it came from.
+
+    A URL source is written byte for byte (its sha256 is checked against `spec.sha256`); a Hub
+    source is streamed row by row. `spec.max_pairs` keeps a seeded sample of that many lines."""
+    from src.data import hub
+
+    if spec.hub:
+        snapshot = hub.fetch_snapshot(spec.hub)
+        lines = (hub.tsv_line(row, pair).encode("utf-8")
+                 for row in hub.hub_rows(snapshot, spec.hub, pair))
+        source = {"hub": spec.hub.model_dump(exclude_defaults=True) | {
+            "commit": snapshot.commit}}
+    else:
+        fetched = fetch_corpus(spec.url, cfg, pair, tmp_dir, spec.member)
+        got = fetched["info"]["corpus_sha256"]
+        if spec.sha256 and got != spec.sha256:
+            raise PipelineError(f"{_sha_key(spec, cfg)} mismatch: expected {spec.sha256}, got "
+                                f"{got} for {redact(spec.url)} (the corpus changed upstream?)")
+        data = fetched["corpus"]
+        lines = iter([data] if not spec.max_pairs else data.splitlines(keepends=True))
+        source = {key: fetched["info"][key] for key in ("urls", "payload_sha256")}
+    if spec.max_pairs:
+        lines = iter(hub.sample_lines(lines, spec.max_pairs, spec.seed))
+    with dest.open("wb") as fh:
+        sink = _TsvSink(fh, spec.name, cfg.max_bytes)
+        for line in lines:
+            sink.write(line)
+    return {"name": spec.name, "weight": spec.weight, "max_pairs": spec.max_pairs, **source,
+            "corpus_bytes": sink.bytes, "corpus_sha256": sink.digest.hexdigest(),
+            "corpus_lines": sink.lines}
+
+
+def _sha_key(spec: CorpusSpec, cfg: DownloadParams) -> str:
+    """The params key that pinned the sha256: download.sha256 for the single url."""
+    return "download.sha256" if not cfg.corpora else f"download.corpora '{spec.name}' sha256"

@@ -26,11 +26,13 @@ def clean_text(text: str) -> str:
     return " ".join(text.replace("\ufeff", "").split())
 
 
-def read_pairs(lines, pair: PairParams, max_chars: int, dedupe: bool = True) -> Cleaned:
+def read_pairs(lines, pair: PairParams, max_chars: int, dedupe: bool = True,
+               seen: set[Pair] | None = None) -> Cleaned:
     """Parse TSV lines (already split at "\n", see src.text) into (source, target) pairs;
-    count why others were dropped."""
+    count why others were dropped. `seen` carries the pairs of corpora read before, so a pair
+    one of them has is a duplicate here too."""
     out = Cleaned()
-    seen: set[Pair] = set()
+    seen = set() if seen is None else seen
     need = max(pair.source_column, pair.target_column) + 1
     for line in lines:
         if not line.strip():
@@ -58,18 +60,15 @@ def group_count(size: float, n_groups: int) -> int:
     return int(round(size * n_groups)) if size < 1 else int(size)
 
 
-def split_grouped(
-    pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = None
-) -> dict[str, list[Pair]]:
-    """Assign whole source-sentence groups to valid, test and train (in that order).
+def part_of_each(pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = None
+                 ) -> list[str]:
+    """Which part each pair goes to: "train", "valid" or "test", whole source-sentence groups
+    at a time (valid first, then test, from the sources shuffled with `split.seed`).
 
-    With a predefined `test`, only valid and train are carved out, and corpus pairs whose
-    source sentence is a test source are left out (counted by the caller).
-    """
-    if test:
-        test_sources = {src for src, _ in test}
-        pairs = [(s, t) for s, t in pairs if s not in test_sources]
-    sources = sorted({src for src, _ in pairs})
+    With a predefined `test`, only valid and train are carved out, and a pair whose source
+    sentence is a test source is "in_test_set" (left out)."""
+    test_sources = {src for src, _ in test} if test else set()
+    sources = sorted({src for src, _ in pairs if src not in test_sources})
     random.Random(cfg.seed).shuffle(sources)
     n_valid = group_count(cfg.valid_size, len(sources))
     n_test = 0 if test else group_count(cfg.test_size, len(sources))
@@ -80,9 +79,18 @@ def split_grouped(
         )
     part_of = {s: "valid" for s in sources[:n_valid]}
     part_of.update({s: "test" for s in sources[n_valid : n_valid + n_test]})
+    part_of.update({s: "in_test_set" for s in test_sources})
+    return [part_of.get(src, "train") for src, _ in pairs]
+
+
+def split_grouped(
+    pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = None
+) -> dict[str, list[Pair]]:
+    """The pairs of each part (see `part_of_each`); a predefined `test` is the test part."""
     parts: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
-    for src, tgt in pairs:
-        parts[part_of.get(src, "train")].append((src, tgt))
+    for pair, part in zip(pairs, part_of_each(pairs, cfg, test)):
+        if part in parts:
+            parts[part].append(pair)
     if test:
         parts["test"] = list(test)
     return parts
