@@ -93,11 +93,12 @@ def clean_environ() -> dict[str, str]:
 
 def run_stage(
     root: Path, stage: str, *args: str, stdin: str | None = None, tracking: bool = False,
-    stdin_bytes: bytes | None = None,
+    stdin_bytes: bytes | None = None, env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """`python -m src.<module>` of a stage with NMT_ROOT=root, as DVC runs it (code from this
-    checkout)."""
-    env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "on" if tracking else "off"}
+    checkout); `env` adds to its environment."""
+    env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "on" if tracking else "off",
+           **(env or {})}
     if stdin_bytes is not None:  # raw bytes in; output decoded leniently for the asserts
         result = subprocess.run([sys.executable, "-m", stage_module(stage), *args], cwd=REPO,
                                 env=env, input=stdin_bytes, capture_output=True, timeout=600)

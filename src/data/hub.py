@@ -84,9 +84,9 @@ def card_configs(folder: Path) -> dict[str, dict[str, list[str]]]:
     readme = folder / "README.md"
     if not readme.is_file():
         return {}
-    from huggingface_hub import DatasetCard
+    from huggingface_hub import metadata_load
 
-    configs = DatasetCard.load(readme).data.to_dict().get("configs") or []
+    configs = (metadata_load(readme) or {}).get("configs") or []
     out: dict[str, dict[str, list[str]]] = {}
     for config in configs:
         files = config.get("data_files", [])
@@ -178,11 +178,13 @@ def _missing(hub: HubSource, what: str, found: list[str], config: str | None = N
     raise PipelineError(f"{where} has no {what} (it has: {', '.join(found) or 'nothing'})")
 
 
-def _clean(text) -> str:
-    return "" if text is None else " ".join(str(text).replace("\t", " ").splitlines())
+def _clean(text) -> str | None:
+    """A field on one TSV line (tabs and line breaks become spaces); null stays None."""
+    return None if text is None else " ".join(str(text).replace("\t", " ").splitlines())
 
 
-def hub_rows(snapshot: Snapshot, hub: HubSource, pair: PairParams) -> Iterator[list[str]]:
+def hub_rows(snapshot: Snapshot, hub: HubSource, pair: PairParams
+             ) -> Iterator[list[str | None]]:
     """Each row as [source, target, *other text columns], streamed in the split's order."""
     if hub.configs:
         yield from _joined_rows(snapshot, hub)
@@ -213,7 +215,7 @@ def hub_rows(snapshot: Snapshot, hub: HubSource, pair: PairParams) -> Iterator[l
             yield [_clean(batch[name][i]) for name in (*hub.columns, *extras)]
 
 
-def _joined_rows(snapshot: Snapshot, hub: HubSource) -> Iterator[list[str]]:
+def _joined_rows(snapshot: Snapshot, hub: HubSource) -> Iterator[list[str | None]]:
     """FLORES+-style: one config per language, rows joined on `join_on` (the target side is
     held in memory: these are evaluation-sized sets)."""
     sides = []
@@ -230,9 +232,13 @@ def _joined_rows(snapshot: Snapshot, hub: HubSource) -> Iterator[list[str]]:
             yield [_clean(row[hub.text]), _clean(targets[row[hub.join_on]])]
 
 
-def tsv_line(row: list[str], pair: PairParams) -> str:
+def tsv_line(row: list[str | None], pair: PairParams) -> str:
     """[source, target, *extras] -> a TSV line with each side in its `pair.*_column` and the
-    extras filling the other columns in order."""
+    extras filling the other columns in order; a null field is empty, and a row of nulls only
+    is an empty line (what a blank line of a TSV becomes in a table)."""
+    if all(value is None for value in row):
+        return "\n"
+    row = ["" if value is None else value for value in row]
     width = max(pair.source_column, pair.target_column) + 1
     cols: list[str | None] = [None] * width
     cols[pair.source_column], cols[pair.target_column] = row[0], row[1]
