@@ -31,8 +31,8 @@ import typer
 from src.core import paths, tracking
 from src.core.atomic import atomic_dir, write_json
 from src.core.cli import run_cli
-from src.core.params import CorpusSpec, DownloadParams, PairParams, load_params
-from src.data.corpus import fetch_corpus, write_corpus
+from src.core.params import CorpusSpec, DownloadParams, PairParams, TestSetSpec, load_params
+from src.data.corpus import fetch_corpus, write_source
 from src.data.transport import redact
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -51,18 +51,25 @@ def main(
     pair = load_params(PairParams)
     cfg = load_params(DownloadParams)
     shown = cfg.model_dump() | {"url": redact(cfg.url), "test_url": redact(cfg.test_url),
-                                "corpora": [shown_spec(c) for c in cfg.corpora]}
+                                "corpora": [shown_spec(c) for c in cfg.corpora],
+                                "test_sets": [shown_spec(t) for t in cfg.test_sets]}
     params = {"pair": pair.model_dump(), "download": shown}
     with tracking.stage_run("download", params) as run:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".download.") as tmp_dir, \
                 atomic_dir(out_dir) as new_dir:
-            corpora = [write_corpus(spec, cfg, pair, Path(tmp_dir), new_dir / f"{spec.name}.tsv")
+            corpora = [write_source(spec, cfg, pair, Path(tmp_dir), new_dir / f"{spec.name}.tsv")
                        for spec in cfg.corpus_list()]
             test = fetch_corpus(cfg.test_url, cfg, pair, Path(tmp_dir)) if cfg.test_url else None
             if test:
                 (new_dir / paths.RAW_TEST.name).write_bytes(test["corpus"])
-        info = {"corpora": corpora, "test": test["info"] if test else None}
+            if cfg.test_sets:
+                (new_dir / paths.RAW_TEST_SETS.name).mkdir()
+            test_sets = [write_source(spec, cfg, pair, Path(tmp_dir),
+                                      new_dir / paths.RAW_TEST_SETS.name / f"{spec.name}.tsv")
+                         for spec in cfg.test_sets]
+        info = {"corpora": corpora, "test": test["info"] if test else None,
+                "test_sets": test_sets}
         write_json(meta, info)
         run.log_metrics({f"{c['name']}_{key}": c[key] for c in corpora
                          for key in ("corpus_bytes", "corpus_lines")}
@@ -71,6 +78,7 @@ def main(
                      | {f"{c['name']}_hub_commit": c["hub"]["commit"] for c in corpora
                         if "hub" in c})
         run.log_sources(corpora)
+        run.log_sources(test_sets, context="evaluation")
     for corpus in corpora:
         print(f"wrote {out_dir / corpus['name']}.tsv ({corpus['corpus_lines']:,} lines, "
               f"{corpus['corpus_bytes']:,} bytes, sha256 {corpus['corpus_sha256'][:12]}…)"
@@ -78,13 +86,16 @@ def main(
                  if "hub" in corpus else ""))
     if test:
         print(f"wrote {out_dir / paths.RAW_TEST.name} ({test['info']['corpus_lines']:,} lines)")
-    if any(spec.hub and spec.hub.revision != corpus["hub"]["commit"]
-           for spec, corpus in zip(cfg.corpus_list(), corpora)):
+    for named in test_sets:
+        print(f"wrote test set {named['name']} ({named['corpus_lines']:,} lines)")
+    specs, written = [*cfg.corpus_list(), *cfg.test_sets], [*corpora, *test_sets]
+    if any(spec.hub and spec.hub.revision != one["hub"]["commit"]
+           for spec, one in zip(specs, written)):
         print("note: a Hub branch or tag was read at the commit above; dvc repro does not see "
               "the branch move until its revision param changes (pin the commit to be sure)")
 
 
-def shown_spec(spec: CorpusSpec) -> dict:
+def shown_spec(spec: CorpusSpec | TestSetSpec) -> dict:
     """A corpus entry as logged: its URL redacted, unset keys left out."""
     shown = spec.model_dump(exclude_defaults=True)
     if spec.url:

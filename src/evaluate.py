@@ -1,18 +1,21 @@
-"""evaluate: models/model.pt + test split -> data/eval/{metrics,stats}.json, translations.tsv.
+"""evaluate: models/model.pt + test split(s) -> data/eval/{metrics,stats}.json, translations.tsv.
 
 Reads params `evaluate.*`; the target language, which picks sacreBLEU's tokenizer (`zh` for
 Chinese, `char` for Japanese/Korean, `13a` otherwise), comes from the tokenizer's
-tokenizer.json. Translates the test split
-with batched beam search and scores corpus BLEU and chrF with sacreBLEU, overall and by length
-(<= 6, 7-9, >= 10 words of the English side: the source, or the reference for X -> English).
-The scores are the DVC metrics (data/eval/metrics.json);
-stats.json adds counts and settings; a TSV holds source / reference / hypothesis; MLflow gets
-all of it and sample translations.
+tokenizer.json. Translates the test split, and each named test set (`download.test_sets`, the
+`test_<name>` splits), with batched beam search and scores each on its own: corpus BLEU and chrF
+with sacreBLEU, overall and by length (<= 6, 7-9, >= 10 words of the English side: the source,
+or the reference for X -> English), with sacreBLEU's signatures. The scores are the DVC metrics
+(data/eval/metrics.json: the test split's at the top, each named set under `test_sets`);
+stats.json adds counts and settings; a TSV holds source / reference / hypothesis / set; MLflow
+gets all of it (a named set's metrics prefixed with its name) and sample translations. No test
+set ever picks a checkpoint: train selects on the valid split only.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import time
 from pathlib import Path
@@ -22,17 +25,18 @@ import typer
 from rich.progress import Progress
 
 from src.core import paths, tracking
-from src.core.atomic import atomic_path
+from src.core.atomic import atomic_path, write_json
 from src.core.cli import run_cli
 from src.core.errors import require_file
 from src.core.params import EvaluateParams, load_params
-from src.core.reports import EVALUATE_HEADLINE, LENGTH_BUCKETS, write_report
+from src.core.reports import EVALUATE_HEADLINE, LENGTH_BUCKETS, headline, write_report
 from src.core.scoring import bleu_tokenizer, score, score_by_length
 from src.data.subword import check_encoded_with, load_tokenizers
 from src.nmt import checkpoint
 from src.nmt.search import translate_ids
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+NAMED_PREFIX = paths.NAMED_TEST_SPLIT.format("")  # the splits of the named test sets
 
 
 def length_side(sources: list[str], references: list[str], source_lang: str,
@@ -53,7 +57,8 @@ def main(
     stats: Path = typer.Option(paths.EVAL_STATS, help="Scores, counts and settings JSON."),
     translations: Path = typer.Option(paths.EVAL_TRANSLATIONS, help="TSV to write."),
 ) -> None:
-    """Translate the test split with beam search (params `evaluate.*`) and score BLEU/chrF."""
+    """Translate the test split and each named test set with beam search (params
+    `evaluate.*`) and score each: BLEU and chrF, overall and by source length."""
     from datasets import load_from_disk
 
     cfg = load_params(EvaluateParams)
@@ -67,51 +72,76 @@ def main(
     model, _ = checkpoint.load_model(model_path)
     check_encoded_with(split_dir, tokenizer_dir)
     tok = load_tokenizers(tokenizer_dir)
-    part = load_from_disk(str(split_dir))[split]
-    sources, references = list(part["source"]), list(part["target"])
-    target_lang = tok.target_lang
+    splits = load_from_disk(str(split_dir))
+    named = sorted(name for name in splits if name.startswith(NAMED_PREFIX))
     params = {"evaluate": cfg.model_dump()}
     with tracking.stage_run("evaluate", params, deps=[model_path, split_dir]) as run:
-        run.log_datasets(split_dir, {split: "evaluation"})
-        start = time.perf_counter()
-        with Progress(transient=True) as progress:
-            hyp_ids = translate_ids(
-                model, list(part["source_ids"]), cfg.beam_size, cfg.length_penalty,
-                cfg.max_length_ratio, cfg.batch_size, progress,
-            )
-        seconds = time.perf_counter() - start
-        hypotheses = tok.decode_target(hyp_ids)
-        result = score(hypotheses, references, target_lang)
-        by_words = length_side(sources, references, tok.source_lang, target_lang)
-        result |= score_by_length(by_words, hypotheses, references, target_lang, LENGTH_BUCKETS)
-        result.update(
-            {
-                "bleu_tokenizer": bleu_tokenizer(target_lang),
-                "split": split,
-                "sentences": len(sources),
-                "beam_size": cfg.beam_size,
-                "sentences_per_s": round(len(sources) / max(seconds, 1e-9), 2),
-            }
-        )
+        run.log_datasets(split_dir, dict.fromkeys([split, *named], "evaluation"))
+        outputs = {name: translate_and_score(model, splits[name], tok, cfg)
+                   for name in (split, *named)}
+        result = outputs[split][0] | {"split": split}
+        if named:
+            result["test_sets"] = {name.removeprefix(NAMED_PREFIX): outputs[name][0]
+                                   for name in named}
         with atomic_path(translations) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
-            writer.writerow(["source", "reference", "hypothesis"])
-            writer.writerows(zip(sources, references, hypotheses))
+            writer.writerow(["source", "reference", "hypothesis", "set"])
+            for name, (_, sources, references, hypotheses) in outputs.items():
+                label = name.removeprefix(NAMED_PREFIX) if name != split else split
+                writer.writerows((*row, label) for row in zip(sources, references, hypotheses))
         write_report(result, stats, metrics, EVALUATE_HEADLINE)
-        run.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
+        if named:  # the headline of each named set beside the test split's
+            report = json.loads(metrics.read_text(encoding="utf-8"))
+            report["test_sets"] = {name: headline(one, EVALUATE_HEADLINE)
+                                   for name, one in result["test_sets"].items()}
+            write_json(metrics, report)
+        run.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))}
+                        | {f"{name}_{k}": v for name, one in result.get("test_sets", {}).items()
+                           for k, v in one.items() if isinstance(v, (int, float))})
         n = cfg.num_samples
+        _, sources, references, hypotheses = outputs[split]
         run.log_table(
             {"source": sources[:n], "reference": references[:n], "hypothesis": hypotheses[:n]},
             "samples.json",
         )
         run.log_artifact(translations, "evaluate")
-    by_length = ", ".join(f"{name} {result[f'bleu_{name}']}" for name, _, _ in LENGTH_BUCKETS
-                          if f"bleu_{name}" in result)
-    print(
-        f"evaluate: BLEU {result['bleu']} chrF {result['chrf']} on {len(sources):,} "
-        f"{split} sentences (beam {cfg.beam_size}, {result['sentences_per_s']} sent/s); "
-        f"BLEU by source length: {by_length}"
+    for name, (one, sources, _, _) in outputs.items():
+        by_length = ", ".join(f"{bucket} {one[f'bleu_{bucket}']}"
+                              for bucket, _, _ in LENGTH_BUCKETS if f"bleu_{bucket}" in one)
+        label = (f"test set {name.removeprefix(NAMED_PREFIX)}" if name != split
+                 else f"{split} sentences")
+        print(
+            f"evaluate: BLEU {one['bleu']} chrF {one['chrf']} on {len(sources):,} "
+            f"{label} (beam {cfg.beam_size}, {one['sentences_per_s']} sent/s); "
+            f"BLEU by source length: {by_length}"
+        )
+
+
+def translate_and_score(model, part, tok, cfg: EvaluateParams):
+    """Beam-search translations of one split and their scores (overall, by length, with
+    sacreBLEU's signatures); returns (scores, sources, references, hypotheses)."""
+    sources, references = list(part["source"]), list(part["target"])
+    target_lang = tok.target_lang
+    start = time.perf_counter()
+    with Progress(transient=True) as progress:
+        hyp_ids = translate_ids(
+            model, list(part["source_ids"]), cfg.beam_size, cfg.length_penalty,
+            cfg.max_length_ratio, cfg.batch_size, progress,
+        )
+    seconds = time.perf_counter() - start
+    hypotheses = tok.decode_target(hyp_ids)
+    result = score(hypotheses, references, target_lang, signatures=True)
+    by_words = length_side(sources, references, tok.source_lang, target_lang)
+    result |= score_by_length(by_words, hypotheses, references, target_lang, LENGTH_BUCKETS)
+    result.update(
+        {
+            "bleu_tokenizer": bleu_tokenizer(target_lang),
+            "sentences": len(sources),
+            "beam_size": cfg.beam_size,
+            "sentences_per_s": round(len(sources) / max(seconds, 1e-9), 2),
+        }
     )
+    return result, sources, references, hypotheses
 
 
 if __name__ == "__main__":

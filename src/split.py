@@ -46,29 +46,25 @@ def main(
     sentence (params `pair.*`, `split.*`)."""
     pair = load_params(PairParams)
     cfg = load_params(SplitParams)
-    corpora = listed_corpora(raw_dir, meta)
+    manifest = read_manifest(meta)
+    corpora = listed_corpora(raw_dir, manifest)
     test_tsv = raw_dir / paths.RAW_TEST.name
+    named_files = {name: raw_dir / paths.RAW_TEST_SETS.name / f"{name}.tsv"
+                   for name in (t["name"] for t in manifest.get("test_sets", []))}
     with tracking.stage_run(
         "split", {"pair": pair.model_dump(), "split": cfg.model_dump()},
         deps=[c.path for c in corpora]
     ) as run:
         test, test_dropped = None, Counter()
         if test_tsv.exists():
-            # A published test set is kept whole: no length limit, duplicates stay. Rows that
-            # cannot be scored (empty side, missing column) are counted and reported, since
-            # scores on a shortened test set are not comparable with published ones.
-            read = read_pairs(read_lines(test_tsv), pair, max_chars=10**9, dedupe=False)
-            test, test_dropped = read.pairs, read.dropped
-            if not test:
-                raise PipelineError(f"{test_tsv}: the predefined test set has no valid pair")
-            if test_dropped:
-                what = ", ".join(f"{n} {why}" for why, n in sorted(test_dropped.items()))
-                print(f"warning: the predefined test set lost {sum(test_dropped.values())} of "
-                      f"{len(test) + sum(test_dropped.values())} rows ({what}); its scores are "
-                      "not comparable with published ones", file=sys.stderr)
-        mixed = mix(corpora, pair, cfg, test)
+            test, test_dropped = read_test_set(test_tsv, pair, "the predefined test set")
+        named = {name: read_test_set(path, pair, f"test set {name}")[0]
+                 for name, path in named_files.items()}
+        held_out = frozenset(src for rows in named.values() for src, _ in rows)
+        mixed = mix(corpora, pair, cfg, test, held_out)
         per_corpus = mixed.counts
-        parts = mixed.parts
+        parts = mixed.parts | {paths.NAMED_TEST_SPLIT.format(name): rows
+                                      for name, rows in named.items()}
         write_parts(parts, out_dir)
         total = {key: sum(c[key] for c in per_corpus.values())
                  for key in ("kept", "dropped_in_test_set")}
@@ -95,20 +91,40 @@ def main(
                   f"train {c['train']:,} x weight = {c['train_weighted']:,}")
 
 
-def listed_corpora(raw_dir: Path, meta: Path) -> list[CorpusFile]:
-    """The corpora `download` wrote, in their params order, with their weights; without its
-    JSON (a corpus put in place by hand), data/raw/corpus.tsv alone at weight 1."""
-    if meta.exists():
-        listed = json.loads(meta.read_text(encoding="utf-8")).get("corpora")
-        if not listed:
-            raise PipelineError(f"{meta} lists no corpora (written by an older download "
-                                "stage?); run `dvc repro download` again")
-    else:
-        listed = [{"name": paths.RAW_CORPUS.stem, "weight": 1.0}]
-    corpora = [CorpusFile(c["name"], raw_dir / f"{c['name']}.tsv", c["weight"]) for c in listed]
+def read_manifest(meta: Path) -> dict:
+    """download.json; without it (a corpus put in place by hand) data/raw/corpus.tsv alone."""
+    if not meta.exists():
+        return {"corpora": [{"name": paths.RAW_CORPUS.stem, "weight": 1.0}]}
+    manifest = json.loads(meta.read_text(encoding="utf-8"))
+    if not manifest.get("corpora"):
+        raise PipelineError(f"{meta} lists no corpora (written by an older download stage?); "
+                            "run `dvc repro download` again")
+    return manifest
+
+
+def listed_corpora(raw_dir: Path, manifest: dict) -> list[CorpusFile]:
+    """The corpora `download` wrote, in their params order, with their weights."""
+    corpora = [CorpusFile(c["name"], raw_dir / f"{c['name']}.tsv", c["weight"])
+               for c in manifest["corpora"]]
     for corpus in corpora:
         require_file(corpus.path, "download")
     return corpora
+
+
+def read_test_set(path: Path, pair: PairParams, what: str) -> tuple[list, Counter]:
+    """A published test set, kept whole: no length limit, duplicates stay. Rows that cannot be
+    scored (empty side, missing column) are counted and warned about, since scores on a
+    shortened test set are not comparable with published ones."""
+    require_file(path, "download")
+    read = read_pairs(read_lines(path), pair, max_chars=10**9, dedupe=False)
+    if not read.pairs:
+        raise PipelineError(f"{path}: {what} has no valid pair")
+    if read.dropped:
+        lost = ", ".join(f"{n} {why}" for why, n in sorted(read.dropped.items()))
+        print(f"warning: {what} lost {sum(read.dropped.values())} of "
+              f"{len(read.pairs) + sum(read.dropped.values())} rows ({lost}); its scores are "
+              "not comparable with published ones", file=sys.stderr)
+    return read.pairs, read.dropped
 
 
 if __name__ == "__main__":

@@ -99,3 +99,16 @@ def offline_env(cache: Path) -> dict[str, str]:
     """The environment of a stage that must find everything in `cache`, never on the network."""
     return {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
             "HF_HOME": str(cache.parent / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def sacrebleu_set(folder: Path, name: str, langpair: str, pairs: list[tuple[str, str]]) -> None:
+    """A sacreBLEU test set as sacreBLEU caches it once fetched ($SACREBLEU/<set>/<set>.<pair>.
+    <field>, one file per field of a WMT set), so its API reads it without the network."""
+    fields = {"src": [s for s, _ in pairs], "ref": [r for _, r in pairs],
+              "docid": ["doc1"] * len(pairs), "genre": ["news"] * len(pairs),
+              "origlang": [langpair.split("-")[0]] * len(pairs)}
+    out = folder / name
+    out.mkdir(parents=True, exist_ok=True)
+    for field, lines in fields.items():
+        (out / f"{name}.{langpair}.{field}").write_text("\n".join(lines) + "\n",
+                                                          encoding="utf-8")

@@ -263,3 +263,14 @@ def test_url_and_corpora_together_are_refused(tmp_path):
     root = scratch_root(tmp_path, download={"corpora": [{"name": "a", "url": "x.tsv"}]})
     with pytest.raises(PipelineError, match="set either url .one corpus. or corpora"):
         load_params(DownloadParams, root / "params.yaml")
+
+
+def test_a_hub_corpus_over_max_bytes_is_refused_and_nothing_written(tmp_path):
+    cache = tmp_path / "cache"
+    opus_like(cache, PAIRS)
+    corpora = [{"name": "opus", "hub": OPUS | {"revision": "main"}}]
+    root = scratch_root(tmp_path / "p",
+                        download={"url": "", "max_bytes": 500, "corpora": corpora})
+    assert_one_line_error(download(root, cache),
+                          "corpus 'opus' is larger than download.max_bytes (500 bytes)")
+    assert not (root / "data/raw").exists()

@@ -21,6 +21,7 @@ import pytest
 import sacrebleu
 import yaml
 from helpers import GIT_ENV, TINY_PARAMS, git_project, sh
+from hub_repos import sacrebleu_set
 from toy_corpus import toy_tsv
 
 pytestmark = pytest.mark.slow
@@ -39,15 +40,27 @@ TINY = {
 }
 
 
+# Two named test sets scored beside the test split: one of sacreBLEU's (read from a pre-filled
+# $SACREBLEU, as sacreBLEU caches a fetched set) and a local file
+NEWS = [("The market rose today.", "今天市场上涨了。"), ("Prices fell again.", "价格又下跌了。")]
+MINE = [("I like green tea.", "我喜欢绿茶。")]
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("project")
     archive = root.parent / "toy-corpus.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("cmn.txt", toy_tsv())
+    sacrebleu_set(root.parent / "sacrebleu", "wmt20", "en-zh", NEWS)
+    mine = root.parent / "mine.tsv"
+    mine.write_text("".join(f"{en}\t{zh}\n" for en, zh in MINE), encoding="utf-8")
     settings = {f"{section}.{key}": value
                 for section, values in TINY.items() for key, value in values.items()}
-    git_project(root, {"download.url": archive.as_uri(), **settings})
+    test_sets = [{"name": "news", "sacrebleu": "wmt20"}, {"name": "mine", "url": str(mine)}]
+    os.environ["SACREBLEU"] = str(root.parent / "sacrebleu")  # for every dvc call of the module
+    git_project(root, {"download.url": archive.as_uri(), "download.test_sets": test_sets,
+                       **settings})
     # MLflow samples system metrics every 10 s and logs none for a shorter run: sample every
     # 0.1 s, so the toy training (a second or two) gets some
     output = sh(root, "dvc", "repro", env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.1"})
@@ -81,7 +94,7 @@ def test_every_stage_wrote_its_outputs(project):
     splits = load_from_disk(str(project / "data/split"))
     counts = json.loads((project / "data/split_stats.json").read_text())
     assert counts["kept"] == 1080 and counts["n_train"] == len(splits["train"])
-    assert {"train", "valid", "test"} == set(splits)
+    assert {"train", "valid", "test", "test_news", "test_mine"} == set(splits)
     for name in ("source.model", "target.model", "tokenizer.json"):
         assert (project / "models/tokenizer" / name).exists()
     tokenized = load_from_disk(str(project / "data/tokenized"))
@@ -99,8 +112,18 @@ def test_every_stage_wrote_its_outputs(project):
     assert result["sentences_le6w"] == len(splits["test"]) and "bleu_7to9w" not in result
     assert result["bleu_le6w"] == result["bleu"]
     with (project / "data/eval/translations.tsv").open(encoding="utf-8", newline="") as fh:
-        rows = list(csv.DictReader(fh, delimiter="\t"))
+        written = list(csv.DictReader(fh, delimiter="\t"))
+    rows = [r for r in written if r["set"] == "test"]
     assert [r["source"] for r in rows] == list(splits["test"]["source"])
+    # each named set scored on its own, from the translations written beside the scores
+    for name, pairs in (("news", NEWS), ("mine", MINE)):
+        own = [r for r in written if r["set"] == name]
+        assert [(r["source"], r["reference"]) for r in own] == pairs
+        scored = result["test_sets"][name]
+        assert scored["sentences"] == len(pairs) and "tok:zh" in scored["bleu_signature"]
+        again = sacrebleu.corpus_chrf([r["hypothesis"] for r in own], [[r["reference"]
+                                                                       for r in own]])
+        assert scored["chrf"] == round(again.score, 2)
     # The reported BLEU is the BLEU of the translations written beside it.
     rescored = sacrebleu.corpus_bleu([r["hypothesis"] for r in rows],
                                      [[r["reference"] for r in rows]], tokenize="zh")
@@ -112,7 +135,8 @@ def test_every_stage_wrote_its_outputs(project):
 # column in every user's table: diagnostics belong in the *stats.json files and MLflow.
 HEADLINE_METRICS = {
     "models/train_metrics.json": {"valid_bleu", "train_minutes", "tokens_per_s"},
-    "data/eval/metrics.json": {"bleu", "chrf", "bleu_le6w", "chrf_le6w"},  # toy: one bucket
+    # toy: one length bucket; each named test set's headline under test_sets
+    "data/eval/metrics.json": {"bleu", "chrf", "bleu_le6w", "chrf_le6w", "test_sets"},
     "models/export_metrics.json": {"fp32_bleu", "fp32_size_mb", "fp32_sentences_per_s",
                                    "int8_bleu", "int8_size_mb", "int8_sentences_per_s"},
 }
@@ -144,7 +168,10 @@ def test_metrics_files_hold_only_headline_numbers(project):
         metrics = json.loads((project / path).read_text())
         assert set(metrics) == keys, path
         stats = json.loads((project / path.replace("metrics", "stats")).read_text())
-        assert {k: stats[k] for k in keys} == metrics  # the same numbers, not a second copy
+        for name, scores in metrics.pop("test_sets", {}).items():
+            assert set(scores) == keys - {"test_sets"}
+            assert {k: stats["test_sets"][name][k] for k in scores} == scores
+        assert {k: stats[k] for k in keys - {"test_sets"}} == metrics  # the same numbers
 
 
 def test_mlflow_runs_are_grouped_and_complete(project):
@@ -196,14 +223,28 @@ def test_runs_record_the_data_they_used(project):
     tokenized = outs["data/tokenized"]
     assert inputs("train") == {"train": (tokenized, "training"),
                                "valid": (tokenized, "validation")}
-    assert inputs("evaluate") == {"test": (tokenized, "evaluation")}
+    assert inputs("evaluate") == dict.fromkeys(("test", "test_news", "test_mine"),
+                                               (tokenized, "evaluation"))
     assert inputs("export") == {"test": (tokenized, "evaluation")}
+    # download: each corpus and named test set, its digest the TSV's sha256, its source where
+    # it came from (sacreBLEU's own URL for a sacreBLEU set)
+    meta = json.loads((project / "data/download.json").read_text())
+    fetched = {one["name"]: one["corpus_sha256"][:12]
+               for one in meta["corpora"] + meta["test_sets"]}
+    assert inputs("download") == {"corpus": (fetched["corpus"], "training"),
+                                  "news": (fetched["news"], "evaluation"),
+                                  "mine": (fetched["mine"], "evaluation")}
+    sources = {d.dataset.name: json.loads(d.dataset.source)
+               for d in stages["download"].inputs.dataset_inputs}
+    assert sources["news"]["url"] == meta["test_sets"][0]["urls"][0]
+    assert "evaluate" in stages and "news_bleu" in stages["evaluate"].data.metrics
     assert {name: digest for name, (digest, _) in inputs("tokenize").items()} == {
         name: outs["data/split"] for name in ("train", "valid", "test")}
     # the parent run of the repro lists them all, so the runs table shows them unexpanded
     parent = next(r for r in runs if r.data.tags.get("kind") == "repro")
     assert {(d.dataset.name, d.dataset.digest) for d in parent.inputs.dataset_inputs} == {
-        ("train", tokenized), ("valid", tokenized), ("test", tokenized)}
+        *((name, tokenized) for name in ("train", "valid", "test", "test_news", "test_mine")),
+        *fetched.items()}
 
 
 
@@ -316,6 +357,10 @@ def test_metrics_show_and_exp_run(workspace):
     rows = list(csv.DictReader(io.StringIO(table)))
     experiment = [r for r in rows if r.get("train.epochs") == "1" and r.get("Experiment")]
     assert experiment and experiment[0]["bleu"] not in ("", "!"), rows
+    # each named test set is a column of its own beside the test split's
+    assert experiment[0]["test_sets.news.bleu"] not in ("", "!"), rows
+    diff = sh(workspace, "dvc", "metrics", "diff", "HEAD", "--all")
+    assert "test_sets.news.chrf" in diff and "test_sets.mine.bleu" in diff
 
 
 def test_dvc_remote_push_then_pull_restores_the_model(workspace, tmp_path):

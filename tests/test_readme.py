@@ -79,3 +79,20 @@ def test_every_command_shown_answers_help(command):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "usage" in result.stdout.lower(), result.stdout
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/data.md"])
+def test_the_data_example_is_params_the_loader_accepts(tmp_path, page):
+    """The corpora and test sets a user copies from the page load as they are."""
+    import yaml
+    from helpers import scratch_root
+
+    from src.core.params import DownloadParams, load_params
+
+    text = (REPO / page).read_text(encoding="utf-8")
+    block = next(b for b in code_blocks(text) if "corpora:" in b)
+    example = yaml.safe_load(block)["download"]
+    cfg = load_params(DownloadParams, scratch_root(tmp_path, download=example) / "params.yaml")
+    assert len(cfg.corpora) == 2 and {"opus", "tatoeba"} & {c.name for c in cfg.corpora}
+    assert {t.name for t in cfg.test_sets} >= {"wmt20", "flores"}
+    assert cfg.corpus_list()[0].hub.id == "Helsinki-NLP/opus-100"

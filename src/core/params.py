@@ -128,6 +128,28 @@ class CorpusSpec(Entry):
         return self
 
 
+class TestSetSpec(Entry):
+    """A named test set, scored on its own by evaluate beside the test split: a name and exactly
+    one source: `url` (as download.url), `hub` (as a corpus's) or `sacrebleu`, one of
+    sacreBLEU's named sets (e.g. wmt20) in the direction of `pair.*`."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$", max_length=64)
+    url: str = ""
+    hub: HubSource | None = None
+    sacrebleu: str = ""
+    member: str = ""  # file inside a zip url
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [k for k in ("url", "hub", "sacrebleu") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"test set '{self.name}' needs exactly one source: url, hub or "
+                             f"sacrebleu (got {', '.join(given) or 'none'})")
+        if self.name == "test":
+            raise ValueError("'test' names the test split; call the test set otherwise")
+        return self
+
+
 class DownloadParams(Section):
     section: ClassVar[str] = "download"
     url: str  # "{lang}" in it: one text file per language; "" when `corpora` lists them
@@ -135,6 +157,9 @@ class DownloadParams(Section):
     # `url` alone, as the corpus named "corpus" with `member` and `sha256` below
     corpora: list[CorpusSpec] = []
     test_url: str  # a predefined test set in the same forms; "": split carves one out
+    # Named test sets, each scored on its own beside the test split (name + url, hub or
+    # sacrebleu); training pairs whose source is in any of them are dropped
+    test_sets: list[TestSetSpec] = []
     member: str  # file inside a zip archive; "" picks the largest .txt/.tsv member
     timeout_s: float = Field(gt=0)  # deadline per file (a stalled read fails sooner)
     max_bytes: int = Field(gt=0)  # cap on a downloaded payload and on an unzipped member
@@ -147,10 +172,11 @@ class DownloadParams(Section):
                              + ("both" if self.url else "neither"))
         if self.corpora and (self.member or self.sha256):
             raise ValueError("with corpora, give member and sha256 inside each corpus")
-        names = [c.name for c in self.corpora]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"two corpora are named '{twice[0]}'; names must be unique")
+        for what, names in (("corpora", [c.name for c in self.corpora]),
+                            ("test sets", [t.name for t in self.test_sets])):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"two {what} are named '{twice[0]}'; names must be unique")
         return self
 
     def corpus_list(self) -> list[CorpusSpec]:

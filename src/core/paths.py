@@ -17,9 +17,11 @@ MODELS = ROOT / "models"
 RAW = DATA / "raw"
 RAW_CORPUS = RAW / "corpus.tsv"
 RAW_TEST = RAW / "test.tsv"  # a predefined test set; absent when split carves one out
+RAW_TEST_SETS = RAW / "testsets"  # <name>.tsv per named test set (download.test_sets)
 RAW_META = DATA / "download.json"  # beside data/raw, the DVC output it describes
 
 SPLIT = DATA / "split"
+NAMED_TEST_SPLIT = "test_{}"  # the split holding named test set {name} (download.test_sets)
 SPLIT_STATS = DATA / "split_stats.json"
 
 TOKENIZED = DATA / "tokenized"

@@ -23,17 +23,24 @@ def bleu(hypotheses: list[str], references: list[str], target_lang: str) -> floa
     return round(sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize).score, 2)
 
 
-def score(hypotheses: list[str], references: list[str], target_lang: str) -> dict[str, float]:
-    """Corpus BLEU, chrF and BLEU's brevity penalty."""
-    import sacrebleu
+def score(hypotheses: list[str], references: list[str], target_lang: str,
+          signatures: bool = False) -> dict[str, float]:
+    """Corpus BLEU, chrF and BLEU's brevity penalty; with `signatures`, sacreBLEU's signature
+    of each (what makes a score comparable with a published one)."""
+    from sacrebleu.metrics import BLEU, CHRF
 
-    result = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=bleu_tokenizer(target_lang))
-    chrf = sacrebleu.corpus_chrf(hypotheses, [references])
-    return {
+    bleu_metric, chrf_metric = BLEU(tokenize=bleu_tokenizer(target_lang)), CHRF()
+    result = bleu_metric.corpus_score(hypotheses, [references])
+    chrf = chrf_metric.corpus_score(hypotheses, [references])
+    scores = {
         "bleu": round(result.score, 2),
         "chrf": round(chrf.score, 2),
         "bleu_brevity_penalty": round(result.bp, 4),
     }
+    if signatures:
+        scores |= {"bleu_signature": str(bleu_metric.get_signature()),
+                   "chrf_signature": str(chrf_metric.get_signature())}
+    return scores
 
 
 def length_bucket(source: str, buckets) -> str:

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 
 from src.core.errors import PipelineError
-from src.core.params import CorpusSpec, DownloadParams, PairParams
+from src.core.params import CorpusSpec, DownloadParams, PairParams, TestSetSpec
 from src.core.text import decode, split_lines
 from src.data.transport import fetch, redact
 
@@ -156,15 +156,25 @@ class _TsvSink:
         self.fh.write(data)
 
 
-def write_corpus(spec: CorpusSpec, cfg: DownloadParams, pair: PairParams, tmp_dir: Path,
-                 dest: Path) -> dict:
-    """One corpus of the list as a TSV file at `dest`, and where it came from.
+def write_source(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, pair: PairParams,
+                 tmp_dir: Path, dest: Path) -> dict:
+    """One corpus or named test set as a TSV file at `dest`, and where it came from.
 
     A URL source is written byte for byte (its sha256 is checked against `spec.sha256`); a Hub
-    source is streamed row by row. `spec.max_pairs` keeps a seeded sample of that many lines."""
+    or sacreBLEU source is streamed row by row. `spec.max_pairs` keeps a seeded sample of that
+    many lines."""
     from src.data import hub
 
-    if spec.hub:
+    max_pairs, sha256 = getattr(spec, "max_pairs", 0), getattr(spec, "sha256", "")
+    if getattr(spec, "sacrebleu", ""):
+        from src.data.sacrebleu_sets import langpair, sacrebleu_rows, sacrebleu_urls
+
+        rows = sacrebleu_rows(spec.sacrebleu, pair)  # checks the set has the pair
+        lines = (hub.tsv_line([hub.clean_field(f) for f in row], pair).encode("utf-8")
+                 for row in rows)
+        source = {"sacrebleu": spec.sacrebleu, "langpair": langpair(pair),
+                  "urls": sacrebleu_urls(spec.sacrebleu)}
+    elif spec.hub:
         snapshot = hub.fetch_snapshot(spec.hub)
         lines = (hub.tsv_line(row, pair).encode("utf-8")
                  for row in hub.hub_rows(snapshot, spec.hub, pair))
@@ -173,19 +183,20 @@ def write_corpus(spec: CorpusSpec, cfg: DownloadParams, pair: PairParams, tmp_di
     else:
         fetched = fetch_corpus(spec.url, cfg, pair, tmp_dir, spec.member)
         got = fetched["info"]["corpus_sha256"]
-        if spec.sha256 and got != spec.sha256:
-            raise PipelineError(f"{_sha_key(spec, cfg)} mismatch: expected {spec.sha256}, got "
+        if sha256 and got != sha256:
+            raise PipelineError(f"{_sha_key(spec, cfg)} mismatch: expected {sha256}, got "
                                 f"{got} for {redact(spec.url)} (the corpus changed upstream?)")
         data = fetched["corpus"]
-        lines = iter([data] if not spec.max_pairs else data.splitlines(keepends=True))
+        lines = iter([data] if not max_pairs else data.splitlines(keepends=True))
         source = {key: fetched["info"][key] for key in ("urls", "payload_sha256")}
-    if spec.max_pairs:
-        lines = iter(hub.sample_lines(lines, spec.max_pairs, spec.seed))
+    if max_pairs:
+        lines = iter(hub.sample_lines(lines, max_pairs, spec.seed))
     with dest.open("wb") as fh:
         sink = _TsvSink(fh, spec.name, cfg.max_bytes)
         for line in lines:
             sink.write(line)
-    return {"name": spec.name, "weight": spec.weight, "max_pairs": spec.max_pairs, **source,
+    kind = {"weight": spec.weight, "max_pairs": max_pairs} if isinstance(spec, CorpusSpec) else {}
+    return {"name": spec.name, **kind, **source,
             "corpus_bytes": sink.bytes, "corpus_sha256": sink.digest.hexdigest(),
             "corpus_lines": sink.lines}
 

@@ -178,7 +178,7 @@ def _missing(hub: HubSource, what: str, found: list[str], config: str | None = N
     raise PipelineError(f"{where} has no {what} (it has: {', '.join(found) or 'nothing'})")
 
 
-def _clean(text) -> str | None:
+def clean_field(text) -> str | None:
     """A field on one TSV line (tabs and line breaks become spaces); null stays None."""
     return None if text is None else " ".join(str(text).replace("\t", " ").splitlines())
 
@@ -203,7 +203,7 @@ def hub_rows(snapshot: Snapshot, hub: HubSource, pair: PairParams
             _missing(hub, f"'{absent[0]}' key in its '{hub.translation}' dicts", found)
         for batch in dataset.iter(batch_size=BATCH_ROWS):
             for entry in batch[hub.translation]:
-                yield [_clean(entry.get(keys[0])), _clean(entry.get(keys[1]))]
+                yield [clean_field(entry.get(keys[0])), clean_field(entry.get(keys[1]))]
         return
     absent = [c for c in hub.columns if c not in features]
     if absent:
@@ -212,7 +212,7 @@ def hub_rows(snapshot: Snapshot, hub: HubSource, pair: PairParams
               and getattr(kind, "dtype", "") in {"string", "large_string"}]
     for batch in dataset.iter(batch_size=BATCH_ROWS):
         for i in range(len(batch[hub.columns[0]])):
-            yield [_clean(batch[name][i]) for name in (*hub.columns, *extras)]
+            yield [clean_field(batch[name][i]) for name in (*hub.columns, *extras)]
 
 
 def _joined_rows(snapshot: Snapshot, hub: HubSource) -> Iterator[list[str | None]]:
@@ -229,7 +229,7 @@ def _joined_rows(snapshot: Snapshot, hub: HubSource) -> Iterator[list[str | None
     targets = {row[hub.join_on]: row[hub.text] for row in sides[1]}
     for row in sides[0]:
         if row[hub.join_on] in targets:
-            yield [_clean(row[hub.text]), _clean(targets[row[hub.join_on]])]
+            yield [clean_field(row[hub.text]), clean_field(targets[row[hub.join_on]])]
 
 
 def tsv_line(row: list[str | None], pair: PairParams) -> str:

@@ -68,13 +68,14 @@ def copies(n_train: int, weight: float, rng: random.Random) -> list[int]:
 
 
 def mix(corpora: list[CorpusFile], pair: PairParams, cfg: SplitParams,
-        test: list[Pair] | None = None) -> Mixed:
-    """The parts train/valid/test of the pooled corpora (see the module docstring)."""
+        test: list[Pair] | None = None, held_out: frozenset[str] = frozenset()) -> Mixed:
+    """The parts train/valid/test of the pooled corpora (see the module docstring); pairs
+    whose source is in `test` or `held_out` (the named test sets' sources) are left out."""
     pairs, owner, counts = read_corpora(corpora, pair, cfg.max_chars)
     if not pairs:
         raise PipelineError(f"{', '.join(str(c.path) for c in corpora)}: no valid "
                             f"'{pair.source_lang}<TAB>{pair.target_lang}' line found")
-    labels = part_of_each(pairs, cfg, test)
+    labels = part_of_each(pairs, cfg, test, held_out)
     per_corpus = [Counter() for _ in corpora]
     for index, label in zip(owner, labels):
         per_corpus[index][label] += 1

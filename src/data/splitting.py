@@ -60,14 +60,14 @@ def group_count(size: float, n_groups: int) -> int:
     return int(round(size * n_groups)) if size < 1 else int(size)
 
 
-def part_of_each(pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = None
-                 ) -> list[str]:
+def part_of_each(pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = None,
+                 held_out: frozenset[str] = frozenset()) -> list[str]:
     """Which part each pair goes to: "train", "valid" or "test", whole source-sentence groups
     at a time (valid first, then test, from the sources shuffled with `split.seed`).
 
-    With a predefined `test`, only valid and train are carved out, and a pair whose source
-    sentence is a test source is "in_test_set" (left out)."""
-    test_sources = {src for src, _ in test} if test else set()
+    With a predefined `test`, only valid and train are carved out. A pair whose source sentence
+    is a source of `test` or in `held_out` (the named test sets) is "in_test_set" (left out)."""
+    test_sources = ({src for src, _ in test} if test else set()) | held_out
     sources = sorted({src for src, _ in pairs if src not in test_sources})
     random.Random(cfg.seed).shuffle(sources)
     n_valid = group_count(cfg.valid_size, len(sources))
