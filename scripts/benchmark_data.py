@@ -1,12 +1,16 @@
 """Time and peak memory of the data stages as the corpus grows.
 
     python scripts/benchmark_data.py --source cmn.txt --pairs 100000,1000000
+    python scripts/benchmark_data.py --source cmn.txt --pairs 1000000 --hub
 
 For each size it writes a recombined corpus (scripts/make_corpus.py) into a scratch project,
 runs download → split → tokenize (and, with --train-steps N, N training steps) as the pipeline
 does (`python -m src.<stage>` with NMT_ROOT), and prints one row per stage: pairs, stage,
 seconds, peak RSS of its largest process (exact, from wait4) and of all its processes together
-(encoding workers, data-parallel ranks; sampled). Run it on an idle machine.
+(encoding workers, data-parallel ranks; sampled). With --hub the corpus is first put into a
+Hugging Face cache as a Hub dataset repo (parquet, two text columns, README `configs:`) and
+download reads it from there offline, as it reads any fetched snapshot. Run it on an idle
+machine.
 """
 
 from __future__ import annotations
@@ -69,9 +73,43 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, flo
     return seconds, largest, max(peak_tree, largest)
 
 
-def scratch_project(root: Path, corpus: Path, pairs: int, train_steps: int) -> None:
+HUB_ID = "bench/corpus"
+HUB_README = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*
+---
+"""
+
+
+def hub_snapshot(corpus: Path, cache: Path) -> dict:
+    """Put the TSV `corpus` into the Hub cache `cache` as the dataset repo HUB_ID (branch main):
+    parquet with columns en and zh, written in row groups. Returns the corpus's `hub:` params."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    snapshot = cache / f"datasets--{HUB_ID.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    (snapshot / "data").mkdir(parents=True)
+    (snapshot / "README.md").write_text(HUB_README, encoding="utf-8")
+    schema = pa.schema([("en", pa.string()), ("zh", pa.string())])
+    with corpus.open(encoding="utf-8") as fh, \
+            pq.ParquetWriter(snapshot / "data/train-00000-of-00001.parquet", schema) as writer:
+        while rows := [line.rstrip("\n").split("\t")[:2] for _, line in zip(range(100_000), fh)]:
+            writer.write_table(pa.table({"en": [r[0] for r in rows], "zh": [r[1] for r in rows]},
+                                        schema=schema))
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    return {"id": HUB_ID, "split": "train", "revision": "main", "columns": ["en", "zh"]}
+
+
+def scratch_project(root: Path, corpus: Path, pairs: int, train_steps: int,
+                    hub: dict | None = None) -> None:
     params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
     params["download"]["url"] = str(corpus)
+    if hub:
+        params["download"].update(url="", corpora=[{"name": "corpus", "hub": hub}])
     split = params["split"]
     if pairs < 20 * (split["valid_size"] + split["test_size"]):  # tiny runs (the test)
         split.update(valid_size=0.05, test_size=0.05)
@@ -85,6 +123,8 @@ def main(
     pairs: str = typer.Option("100000,1000000", help="Comma-separated corpus sizes."),
     train_steps: int = typer.Option(0, min=0, help="Also time this many training steps."),
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
+    hub: bool = typer.Option(False, "--hub", help="Read the corpus as a Hub dataset repo from "
+                             "a pre-filled Hugging Face cache (offline) instead of a TSV path."),
 ) -> None:
     """Print pairs, stage, seconds and peak RSS for download, split and tokenize."""
     stages = ["download", "split", "tokenize"] + (["train"] if train_steps else [])
@@ -98,15 +138,24 @@ def main(
             subprocess.run([sys.executable, str(REPO / "scripts/make_corpus.py"), "--source",
                             str(source), "--pairs", str(size), "--out", str(corpus)],
                            check=True, stdout=subprocess.DEVNULL)
-            scratch_project(root, corpus, size, train_steps)
+            source_params = hub_snapshot(corpus, root / "hub") if hub else None
+            scratch_project(root, corpus, size, train_steps, source_params)
             env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+            if hub:
+                env |= {"HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1",
+                        "HF_HOME": str(root / "hf_home")}
             for stage in stages:
                 cmd = [sys.executable, "-m", module.get(stage, f"src.{stage}")]
                 seconds, rss_mb, tree_mb = run_measured(cmd, env)
-                rows.append({"pairs": size, "stage": stage, "seconds": round(seconds, 1),
+                rows.append({"pairs": size, "source": "hub" if hub else "tsv", "stage": stage,
+                             "seconds": round(seconds, 1),
                              "peak_rss_mb": round(rss_mb), "peak_tree_rss_mb": round(tree_mb)})
                 print(f"{size:>10,} {stage:<9} {seconds:>8.1f} {rss_mb:>12,.0f} "
                       f"{tree_mb:>14,.0f}", flush=True)
+                if hub and stage == "download":  # the Hub path must write the TSV's very bytes
+                    same = (root / "data/raw/corpus.tsv").read_bytes() == corpus.read_bytes()
+                    rows[-1]["same_bytes_as_tsv"] = same
+                    print(f"{'':>10} the Hub corpus is the TSV byte for byte: {same}")
     if json_out:
         json_out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2)
                             + "\n")

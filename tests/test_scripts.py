@@ -121,19 +121,22 @@ def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
     assert any(" " in src for src, _ in rows)  # some pairs are recombined
 
 
-def test_benchmark_data_measures_each_stage(tmp_path):
+@pytest.mark.parametrize("hub", [False, True], ids=["tsv", "hub"])
+def test_benchmark_data_measures_each_stage(tmp_path, hub):
     from toy_corpus import toy_tsv
 
     source = tmp_path / "toy.tsv"
     source.write_text(toy_tsv(), encoding="utf-8")
     out = tmp_path / "rows.json"
     result = subprocess.run([sys.executable, str(REPO / "scripts/benchmark_data.py"),
-                             "--source", str(source), "--pairs", "300", "--json", str(out)],
+                             "--source", str(source), "--pairs", "300", "--json", str(out),
+                             *(["--hub"] if hub else [])],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [r["stage"] for r in rows] == ["download", "split", "tokenize"]
-    assert all(r["pairs"] == 300 for r in rows)
+    assert all(r["pairs"] == 300 and r["source"] == ("hub" if hub else "tsv") for r in rows)
+    assert rows[0].get("same_bytes_as_tsv", True) is True
     # the whole process tree (tokenize's encoding workers) is counted, not only the stage
     assert all(r["peak_tree_rss_mb"] >= r["peak_rss_mb"] for r in rows)
     assert "split" in result.stdout and "peak RSS MB" in result.stdout
