@@ -33,6 +33,7 @@ from src.core.atomic import atomic_dir, write_json
 from src.core.cli import run_cli
 from src.core.params import CorpusSpec, DownloadParams, PairParams, TestSetSpec, load_params
 from src.data.corpus import fetch_corpus, write_source
+from src.data.sacrebleu_sets import check_set
 from src.data.transport import redact
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -54,6 +55,9 @@ def main(
                                 "corpora": [shown_spec(c) for c in cfg.corpora],
                                 "test_sets": [shown_spec(t) for t in cfg.test_sets]}
     params = {"pair": pair.model_dump(), "download": shown}
+    for spec in cfg.test_sets:  # names checked before any download, so a typo fails at once
+        if spec.sacrebleu:
+            check_set(spec.sacrebleu, pair)
     with tracking.stage_run("download", params) as run:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".download.") as tmp_dir, \

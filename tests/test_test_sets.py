@@ -63,7 +63,9 @@ def test_each_named_set_is_its_own_split_and_out_of_training(tmp_path):
     ({"sacrebleu": "wmt14"}, "sacreBLEU has no en-zh in wmt14; the sets with en-zh: "),
 ])
 def test_a_sacrebleu_set_without_the_pair_lists_those_with_it(tmp_path, spec, fragment):
-    root = named_root(tmp_path, [{"name": "news"} | spec])
+    """Checked before anything is fetched: the corpus URL here cannot be reached."""
+    root = scratch_root(tmp_path / "p", download={"url": "http://127.0.0.1:9/corpus.zip",
+                                                  "test_sets": [{"name": "news"} | spec]})
     result = run_stage(root, "download", env=env(tmp_path))
     assert_one_line_error(result, fragment)
     assert "wmt20" in result.stderr

@@ -22,6 +22,20 @@ def sets_with(pair: str) -> list[str]:
     return sorted(name for name, dataset in DATASETS.items() if pair in dataset.langpairs)
 
 
+def check_set(name: str, pair: PairParams) -> str:
+    """The set's language pair, after checking sacreBLEU has the set in that direction (no
+    network: sacreBLEU's own list), so a wrong name fails before any download."""
+    from sacrebleu.dataset import DATASETS
+
+    direction = langpair(pair)
+    if name not in DATASETS or direction not in DATASETS[name].langpairs:
+        what = f"no test set '{name}'" if name not in DATASETS else f"no {direction} in {name}"
+        have = sets_with(direction)
+        raise PipelineError(f"sacreBLEU has {what}; the sets with {direction}: "
+                            f"{', '.join(have) if have else 'none'}")
+    return direction
+
+
 def sacrebleu_urls(name: str) -> list[str]:
     """Where sacreBLEU fetches the set from (its provenance, logged with the data)."""
     from sacrebleu.dataset import DATASETS
@@ -34,12 +48,7 @@ def sacrebleu_rows(name: str, pair: PairParams) -> list[list[str]]:
     from sacrebleu.dataset import DATASETS
     from sacrebleu.utils import SACREBLEU_DIR
 
-    direction = langpair(pair)
-    if name not in DATASETS or direction not in DATASETS[name].langpairs:
-        what = f"no test set '{name}'" if name not in DATASETS else f"no {direction} in {name}"
-        have = sets_with(direction)
-        raise PipelineError(f"sacreBLEU has {what}; the sets with {direction}: "
-                            f"{', '.join(have) if have else 'none'}")
+    direction = check_set(name, pair)
     dataset = DATASETS[name]
     quiet = logging.getLogger("sacrebleu")
     level, quiet.level = quiet.level, logging.CRITICAL
