@@ -5,7 +5,11 @@ Chinese, `char` for Japanese/Korean, `13a` otherwise), comes from the tokenizer'
 tokenizer.json. Translates the test split, and each named test set (`download.test_sets`, the
 `test_<name>` splits), with batched beam search and scores each on its own: corpus BLEU and chrF
 with sacreBLEU, overall and by length (<= 6, 7-9, >= 10 words of the English side: the source,
-or the reference for X -> English), with sacreBLEU's signatures. The scores are the DVC metrics
+or the reference for X -> English), with sacreBLEU's signatures, and how well the search's own
+score ranks the bad translations (sentence chrF below `confidence.CHRF_THRESHOLD`): the AUROC of
+the confidence feature (src/runtime/confidence.py), the share of the worst 10% caught by
+reviewing the least confident 10%, and a risk-coverage curve (data/eval/risk_coverage.csv, a
+DVC plot). The scores are the DVC metrics
 (data/eval/metrics.json: the test split's at the top, each named set under `test_sets`);
 stats.json adds counts and settings; a TSV holds source / reference / hypothesis / set; MLflow
 gets all of it (a named set's metrics prefixed with its name) and sample translations. No test
@@ -29,11 +33,18 @@ from src.core.atomic import atomic_path, write_json
 from src.core.cli import run_cli
 from src.core.errors import require_file
 from src.core.params import EvaluateParams, load_params
-from src.core.reports import EVALUATE_HEADLINE, LENGTH_BUCKETS, headline, write_report
-from src.core.scoring import bleu_tokenizer, score, score_by_length
+from src.core.reports import (
+    EVALUATE_HEADLINE,
+    LENGTH_BUCKETS,
+    headline,
+    write_curve,
+    write_report,
+)
+from src.core.scoring import bleu_tokenizer, score, score_by_length, sentence_chrf
 from src.data.subword import check_encoded_with, load_tokenizers
 from src.nmt import checkpoint
 from src.nmt.search import translate_ids
+from src.runtime import confidence
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 NAMED_PREFIX = paths.NAMED_TEST_SPLIT.format("")  # the splits of the named test sets
@@ -56,6 +67,8 @@ def main(
     metrics: Path = typer.Option(paths.EVAL_METRICS, help="Scores JSON to write (DVC metrics)."),
     stats: Path = typer.Option(paths.EVAL_STATS, help="Scores, counts and settings JSON."),
     translations: Path = typer.Option(paths.EVAL_TRANSLATIONS, help="TSV to write."),
+    risk_coverage: Path = typer.Option(paths.EVAL_RISK_COVERAGE,
+                                       help="Risk-coverage curve of the test split (CSV)."),
 ) -> None:
     """Translate the test split and each named test set with beam search (params
     `evaluate.*`) and score each: BLEU and chrF, overall and by source length."""
@@ -80,6 +93,9 @@ def main(
         outputs = {name: translate_and_score(model, splits[name], tok, cfg)
                    for name in (split, *named)}
         result = outputs[split][0] | {"split": split}
+        write_curve(risk_coverage, result.pop("risk_coverage"))
+        for one, *_ in list(outputs.values())[1:]:
+            one.pop("risk_coverage")
         if named:
             result["test_sets"] = {name.removeprefix(NAMED_PREFIX): outputs[name][0]
                                    for name in named}
@@ -124,13 +140,16 @@ def translate_and_score(model, part, tok, cfg: EvaluateParams):
     target_lang = tok.target_lang
     start = time.perf_counter()
     with Progress(transient=True) as progress:
-        hyp_ids = translate_ids(
+        found = translate_ids(
             model, list(part["source_ids"]), cfg.beam_size, cfg.length_penalty,
-            cfg.max_length_ratio, cfg.batch_size, progress,
+            cfg.max_length_ratio, cfg.batch_size, progress, with_scores=True,
         )
     seconds = time.perf_counter() - start
+    hyp_ids = [ids for ids, _ in found]
     hypotheses = tok.decode_target(hyp_ids)
     result = score(hypotheses, references, target_lang, signatures=True)
+    features = [confidence.mean_logp(s, len(ids) + 1, cfg.length_penalty) for ids, s in found]
+    result |= confidence_report(features, sentence_chrf(hypotheses, references))
     by_words = length_side(sources, references, tok.source_lang, target_lang)
     result |= score_by_length(by_words, hypotheses, references, target_lang, LENGTH_BUCKETS)
     result.update(
@@ -142,6 +161,21 @@ def translate_and_score(model, part, tok, cfg: EvaluateParams):
         }
     )
     return result, sources, references, hypotheses
+
+
+def confidence_report(features: list[float], chrf: list[float]) -> dict:
+    """How well the confidence feature ranks the bad translations (sentence chrF below
+    `confidence.CHRF_THRESHOLD`): its AUROC, the share of the worst 10% the least confident
+    10% holds, and the risk-coverage rows (popped by the caller for the plot)."""
+    bad = [c < confidence.CHRF_THRESHOLD for c in chrf]
+    report = {"bad_share": round(sum(bad) / max(len(bad), 1), 4),
+              "bad_below_chrf": confidence.CHRF_THRESHOLD,
+              "review_catch_10": round(confidence.review_catch(features, chrf), 4),
+              "risk_coverage": confidence.risk_coverage(features, chrf)}
+    auroc = confidence.auroc([-f for f in features], bad)
+    if auroc is not None:  # both good and bad translations are there
+        report["confidence_auroc"] = round(auroc, 4)
+    return report
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def log_run(run, result: dict, files: dict[str, Path | None], tokenizer_dir: Pat
 @app.command()
 def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model from `train`."),
          tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir."),
-         split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits (test is used)."),
+         split_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded splits (test; valid)."),
          onnx_path: Path = typer.Option(paths.ONNX_MODEL, help="Generation model to write."),
          int8_path: Path = typer.Option(paths.ONNX_INT8_MODEL, help="int8 twin to write."),
          fp16_path: Path = typer.Option(paths.ONNX_FP16_MODEL,
@@ -105,7 +105,9 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
     check_encoded_with(split_dir, tokenizer_dir)
     tok = load_tokenizers(tokenizer_dir)
     check_vocab(model, tok)
-    part = load_from_disk(str(split_dir))["test"]
+    splits = load_from_disk(str(split_dir))
+    part = splits["test"]
+    valid = splits["valid"] if "valid" in splits else None
     metadata = model_metadata(model, tok, cfg, tokenizer_dir)
     params = {"export": cfg.model_dump()}
     deps = [model_path, tokenizer_dir, split_dir]
@@ -118,7 +120,7 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
                                  Path(work) if cfg.quantize else None, cfg.fp16)
         result = {"export_seconds": round(time.perf_counter() - start, 1)}
         result.update(write_verified(built.fp32, built.int8, (onnx_path, int8_path), model, tok,
-                                     part, cfg, tokenizer_dir, built.fp16, fp16_path))
+                                     part, cfg, tokenizer_dir, built.fp16, fp16_path, valid))
         result.update({"test_sentences": len(part), "onnxruntime": _ort_version()})
         write_report(result, stats, metrics, EXPORT_HEADLINE)
         files = {"fp32": onnx_path, "int8": int8_path if built.int8 is not None else None,

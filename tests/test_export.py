@@ -88,6 +88,7 @@ def exported_project(directory: Path, tracking: bool = False) -> Path:
     pairs = toy_pairs()
     random.Random(0).shuffle(pairs)
     test, train = pairs[:80], pairs[80:]
+    valid = train[:40]  # fits the confidence curve (trained on, for a fixture that is enough)
     spm_bytes = train_spm([s for p in train for s in p], vocab_size=120, model_type="unigram",
                           character_coverage=1.0, byte_fallback=False, seed=0)
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
@@ -98,7 +99,11 @@ def exported_project(directory: Path, tracking: bool = False) -> Path:
     columns = {"source": [e for e, _ in test], "target": [z for _, z in test]}
     columns |= {"source_ids": sp.encode(columns["source"]),
                 "target_ids": sp.encode(columns["target"])}
-    DatasetDict({"test": Dataset.from_dict(columns)}).save_to_disk(str(root / "data/tokenized"))
+    valid_columns = {"source": [e for e, _ in valid], "target": [z for _, z in valid]}
+    valid_columns |= {"source_ids": sp.encode(valid_columns["source"]),
+                      "target_ids": sp.encode(valid_columns["target"])}
+    DatasetDict({"test": Dataset.from_dict(columns), "valid": Dataset.from_dict(valid_columns)}
+                ).save_to_disk(str(root / "data/tokenized"))
     stamp = tokenizer_digest(root / "models/tokenizer")
     (root / "data/tokenized" / ENCODED_WITH).write_text(stamp)
     result = run_stage(root, "export", tracking=tracking)
@@ -885,3 +890,136 @@ def test_profile_script_shares_the_run_out_by_operator(project):
     leaves = [line for line in lines[2:] if not line.strip().startswith("control")]
     assert len(leaves) == 5 and any("DynamicQuantizeMatMul" in line for line in leaves)
     assert all(0 < float(line.split("%")[0].split()[-1]) < 100 for line in leaves)
+
+
+# -- scores and n-best lists (issue 57) ----------------------------------------------------------
+SCORE_TOLERANCE = {"fp32": 1e-4, "int8": 0.05}  # |ONNX - PyTorch| of a hypothesis's score
+
+
+def test_scores_are_pytorchs_for_greedy_and_beam_in_every_search(project, tmp_path):
+    """Each file's score of a hypothesis is the score PyTorch's search gives the same
+    hypothesis: one sentence (ONNX Runtime's BeamSearch operator) and batches (the Loops),
+    greedy and beam 3, fp32 and int8 (the int8 weights move scores a little)."""
+    from datasets import load_from_disk
+
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])
+    worst = {}
+    for name in ("fp32", "int8"):
+        sess = session(project / ("models/model.onnx" if name == "fp32"
+                                  else "models/model.int8.onnx"))
+        compared = 0
+        for size in (1, 16):
+            for start in range(0, 8 if size == 1 else len(sources), size):
+                src = pad([clip_source(r, MAX_POSITIONS) for r in sources[start: start + size]])
+                max_len = max_output_length(src, 2.0, model)
+                for beam in (1, 3):
+                    got = generation.run_search_scored(sess, src.numpy(), max_len, beam, 1.0, 0)
+                    want = beam_search(model, src, beam, max_len, 1.0, with_scores=True)
+                    for (hyp, *_), (ids, score) in zip(got, want):
+                        if hyp.ids == ids:
+                            worst[name] = max(worst.get(name, 0.0), abs(hyp.score - score))
+                            compared += 1
+        assert compared >= 0.9 * (2 * (8 + len(sources))), name
+    assert worst["fp32"] <= SCORE_TOLERANCE["fp32"], worst
+    assert worst["int8"] <= SCORE_TOLERANCE["int8"], worst
+
+
+def test_an_n_best_list_is_distinct_and_ordered_best_first(project):
+    from datasets import load_from_disk
+
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])[:16]
+    sess = session(project / "models/model.onnx")
+    src = pad([clip_source(r, MAX_POSITIONS) for r in sources])
+    max_len = max_output_length(src, 2.0, model)
+    lists = generation.run_search_scored(sess, src.numpy(), max_len, 3, 1.0, 0, n_best=3)
+    best = beam_search(model, src, 3, max_len, 1.0)
+    assert {len(hyps) for hyps in lists} == {3}
+    for hyps in lists:
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.ids) for h in hyps}) == 3
+    assert sum(hyps[0].ids == ids for hyps, ids in zip(lists, best)) >= 0.9 * len(best)
+
+
+def test_a_file_without_scores_still_translates(project, tmp_path):
+    """A file exported before scores (no `sequences_scores` output, no `outputs` metadata)
+    translates as before; its scores are None and infer says to re-export for them."""
+    model = onnx.load(str(project / "models/model.onnx"))
+    kept = [o for o in model.graph.output if o.name == "sequences"]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    props = [p for p in model.metadata_props if p.key not in {"outputs", "confidence"}]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    old = tmp_path / "old.onnx"
+    onnx.save(model, old)
+    shutil.copytree(project / "models/tokenizer", tmp_path / "tokenizer")
+    old_translator = generation.load_translator(old, threads=1)
+    new_translator = generation.load_translator(project / "models/model.onnx", threads=1)
+    lines = ["I have three cats.", "", "Where is the station?"]
+    assert old_translator.translate(lines, 3) == new_translator.translate(lines, 3)
+    scored = old_translator.translate_scored(lines, 3)
+    assert scored[1] == () and [s[0].score for s in (scored[0], scored[2])] == [None, None]
+    result = infer(project, "--scores", "I have three cats.", model=old)
+    assert_one_line_error(result, "has no scores (exported before they were added)")
+
+
+def test_the_text_twin_returns_the_generation_files_scores(project):
+    from datasets import load_from_disk
+
+    lines = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:40]
+    text = generation.load_translator(project / "models/model.text.onnx", threads=1)
+    ids = generation.load_translator(project / "models/model.onnx", threads=1)
+    from_text = text.translate_scored(lines, batch_size=16)
+    from_ids = ids.translate_scored(lines, batch_size=16)
+    assert [t[0].text for t in from_text] == [t[0].text for t in from_ids]
+    assert max(abs(t[0].score - i[0].score) for t, i in zip(from_text, from_ids)) < 1e-5
+
+
+def test_infer_writes_n_best_lists_as_json_lines_and_tsv(project):
+    lines = "I have three cats.\n\nWhere is the station?\n"
+    plain = infer(project, "--beam", "3", stdin=lines).stdout.splitlines()
+    result = infer(project, "--beam", "3", "--n-best", "2", "--format", "jsonl", stdin=lines)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3]
+    assert [r["source"] for r in records] == lines.splitlines()
+    assert records[1]["hypotheses"] == [] and records[1]["confidence"] is None
+    for record, text in zip((records[0], records[2]), (plain[0], plain[2])):
+        first, second = record["hypotheses"]
+        assert first["text"] == text and first["score"] >= second["score"]
+        assert first["tokens"] >= 1 and 0.0 <= record["confidence"] <= 1.0
+    tsv = infer(project, "--beam", "3", "--scores", stdin=lines)
+    assert tsv.returncode == 0, tsv.stderr
+    rows = [line.split("\t") for line in tsv.stdout.splitlines()]
+    assert [(r[0], r[1]) for r in rows] == [("1", "1"), ("3", "1")]
+    assert [r[4] for r in rows] == [plain[0], plain[2]]
+    assert float(rows[0][2]) == pytest.approx(records[0]["hypotheses"][0]["score"], abs=1e-5)
+    assert float(rows[0][3]) == pytest.approx(records[0]["confidence"], abs=1e-5)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--n-best", "4", "--beam", "3"], "n-best 4: a search with beam 3 returns 1 to 3"),
+    (["--format", "xml"], "--format must be one of text, tsv, jsonl, not 'xml'"),
+    (["--format", "text", "--scores"], "--format text writes translations only"),
+])
+def test_infer_refuses_impossible_output_requests(project, args, fragment):
+    assert_one_line_error(infer(project, *args, "Hello."), fragment)
+
+
+def test_infer_n_best_zero_is_a_usage_error(project):
+    result = infer(project, "--n-best", "0", "Hello.")
+    assert result.returncode == 2 and "--n-best" in result.stderr
+
+
+def test_every_file_carries_the_confidence_curve_fitted_on_valid(project):
+    from src.runtime import confidence
+
+    stats = json.loads((project / "models/export_stats.json").read_text())
+    fitted = confidence.Calibration(**json.loads(stats["confidence"]))
+    assert fitted.sentences == 40 and fitted.slope >= 0.0
+    for name in ("model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx"):
+        meta = {p.key: p.value for p in onnx.load(str(project / "models" / name)).metadata_props}
+        assert confidence.from_metadata(meta) == fitted, name

@@ -135,8 +135,10 @@ def test_every_stage_wrote_its_outputs(project):
 # column in every user's table: diagnostics belong in the *stats.json files and MLflow.
 HEADLINE_METRICS = {
     "models/train_metrics.json": {"valid_bleu", "train_minutes", "tokens_per_s"},
-    # toy: one length bucket; each named test set's headline under test_sets
-    "data/eval/metrics.json": {"bleu", "chrf", "bleu_le6w", "chrf_le6w", "test_sets"},
+    # toy: one length bucket; how the confidence catches bad translations; each named test
+    # set's headline under test_sets
+    "data/eval/metrics.json": {"bleu", "chrf", "bleu_le6w", "chrf_le6w", "review_catch_10",
+                               "test_sets"},
     "models/export_metrics.json": {"fp32_bleu", "fp32_size_mb", "fp32_sentences_per_s",
                                    "int8_bleu", "int8_size_mb", "int8_sentences_per_s"},
 }
@@ -166,11 +168,15 @@ def test_metrics_files_hold_only_headline_numbers(project):
     assert declared == set(HEADLINE_METRICS)
     for path, keys in HEADLINE_METRICS.items():
         metrics = json.loads((project / path).read_text())
-        assert set(metrics) == keys, path
         stats = json.loads((project / path.replace("metrics", "stats")).read_text())
+        if "confidence_auroc" in stats:  # only when the toy model has good and bad outputs
+            keys = keys | {"confidence_auroc"}
+        assert set(metrics) == keys, path
         for name, scores in metrics.pop("test_sets", {}).items():
-            assert set(scores) == keys - {"test_sets"}
-            assert {k: stats["test_sets"][name][k] for k in scores} == scores
+            own = stats["test_sets"][name]
+            assert set(scores) == (keys - {"test_sets", "confidence_auroc"}) | (
+                {"confidence_auroc"} & set(own))
+            assert {k: own[k] for k in scores} == scores
         assert {k: stats[k] for k in keys - {"test_sets"}} == metrics  # the same numbers
 
 
@@ -248,16 +254,19 @@ def test_runs_record_the_data_they_used(project):
 
 
 
-def test_plots_draw_loss_valid_loss_and_valid_bleu(workspace):
-    """Three titled, labelled charts with data, defined top-level so experiments overlay."""
+def test_plots_draw_loss_valid_loss_valid_bleu_and_risk_coverage(workspace):
+    """Four titled, labelled charts with data, defined top-level so experiments overlay."""
     charts = json.loads(sh(workspace, "dvc", "plots", "show", "--json"))["data"]
-    assert set(charts) == {"Training loss", "Validation loss", "Validation BLEU"}
+    assert set(charts) == {"Training loss", "Validation loss", "Validation BLEU",
+                           "Risk-coverage"}
     for name, (chart,) in charts.items():
         spec = chart["content"]
         y = spec["layer"][0]["encoding"]["y"]
         assert spec["title"]["text"] and spec["encoding"]["x"]["title"] and y["title"], name
         assert all(row[y["field"]] != "" for row in spec["data"]["values"]), name
     assert len(charts["Validation BLEU"][0]["content"]["data"]["values"]) == 2  # epochs
+    kept = [float(r["coverage"]) for r in charts["Risk-coverage"][0]["content"]["data"]["values"]]
+    assert kept == [round(k / 20, 4) for k in range(1, 21)]
 
 def finished_repro_run(root: Path, group: str, timeout_s: float = 90.0):
     """The repro run of `group` once repro_watch has ended it (it polls the exited dvc)."""

@@ -38,6 +38,7 @@ EVAL = DATA / "eval"
 EVAL_METRICS = EVAL / "metrics.json"
 EVAL_STATS = EVAL / "stats.json"
 EVAL_TRANSLATIONS = EVAL / "translations.tsv"
+EVAL_RISK_COVERAGE = EVAL / "risk_coverage.csv"  # translations kept vs their mean chrF
 
 ONNX_MODEL = MODELS / "model.onnx"
 EXPORT_METRICS = MODELS / "export_metrics.json"

@@ -43,6 +43,14 @@ def score(hypotheses: list[str], references: list[str], target_lang: str,
     return scores
 
 
+def sentence_chrf(hypotheses: list[str], references: list[str]) -> list[float]:
+    """chrF of each sentence on its own (what a confidence should predict)."""
+    import sacrebleu
+
+    return [sacrebleu.sentence_chrf(h, [r]).score for h, r in zip(hypotheses, references,
+                                                                   strict=True)]
+
+
 def length_bucket(source: str, buckets) -> str:
     """The name of the (name, min_words, max_words or None) bucket holding `source`."""
     words = len(source.split())

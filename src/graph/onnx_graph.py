@@ -24,10 +24,13 @@ The outer graph is what any ONNX Runtime client calls with one `session.run`:
     max_length           int32 (1,)    generated tokens + 1 (the BOS start token counts)
     min_length           int32 (1,)    same convention; 0 for none
     num_beams            int32 (1,)    1 = greedy (with early_stopping=1 this is exact greedy)
-    num_return_sequences int32 (1,)    1 (kept for ORT's signature: a batch's Loop returns 1)
+    num_return_sequences int32 (1,)    hypotheses per sentence, 1..num_beams (an n-best list:
+                                       more than 1 runs ONNX Runtime's BeamSearch operator)
     length_penalty       float (1,)    score = sum(log p) / length**length_penalty
     repetition_penalty   float (1,)    1.0 (kept for ORT's signature: the Loop applies none)
     -> sequences         int32 (B, num_return_sequences, T): BOS, tokens, then PAD (no EOS)
+    -> sequences_scores  float (B, num_return_sequences): sum(log p) / length**length_penalty,
+                         length = the hypothesis's tokens with EOS (best first)
 
 The source attention mask is computed inside the graph from `input_ids != PAD`, because ORT's
 own mask only handles left padding. PAD, BOS and UNK logits are set to -inf inside the decoder,
@@ -56,7 +59,7 @@ from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.graph import onnx_attention, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
-from src.runtime.generation import SEARCH_INPUTS
+from src.runtime.generation import SEARCH_INPUTS, SEARCH_OUTPUTS
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
@@ -343,8 +346,8 @@ def _pick(condition: str, then: str, otherwise: str, out: str) -> onnx.NodeProto
 
 def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
                   decoder: onnx.GraphProto, weights: set[str]) -> list[onnx.NodeProto]:
-    """ONNX Runtime's BeamSearch for one sentence, shrinking Loops for a batch: a greedy one
-    for one beam, a beam one for more.
+    """ONNX Runtime's BeamSearch for one sentence or an n-best list, shrinking Loops for a
+    batch: a greedy one for one beam, a beam one for more.
 
     One sentence has nothing to drop, and the operator's compiled search costs less per step
     than a Loop's ONNX nodes; a batch gains more from dropping finished sentences, and greedy
@@ -357,36 +360,42 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
         node("Shape", ["input_ids"], ["batch_1"], start=0, end=1),
         node("Equal", ["batch_1", "one_64"], ["one_sentence_1"]),
         node("Squeeze", ["one_sentence_1"], ["one_sentence"]),
-        _pick("one_sentence", "input_ids", "dummy_ids", "operator_ids"),
-        node("Where", ["one_sentence", "max_length", "two_32"], ["operator_max_length"]),
-        node("Where", ["one_sentence", "min_length", "zero_32"], ["operator_min_length"]),
-        node("Where", ["one_sentence", "num_beams", "one_32"], ["operator_num_beams"]),
+        node("Greater", ["num_return_sequences", "one_32"], ["n_best_1"]),
+        node("Squeeze", ["n_best_1"], ["n_best"]),
+        node("Or", ["one_sentence", "n_best"], ["by_operator"]),
+        _pick("by_operator", "input_ids", "dummy_ids", "operator_ids"),
+        node("Where", ["by_operator", "max_length", "two_32"], ["operator_max_length"]),
+        node("Where", ["by_operator", "min_length", "zero_32"], ["operator_min_length"]),
+        node("Where", ["by_operator", "num_beams", "one_32"], ["operator_num_beams"]),
+        node("Where", ["by_operator", "num_return_sequences", "one_32"], ["operator_returns"]),
     ]
     nodes += source_mask("operator_ids", "operator_mask")
     operator = onnx.NodeProto()
     operator.CopyFrom(beam_search)
     renames = {"input_ids": "operator_ids", "max_length": "operator_max_length",
                "min_length": "operator_min_length", "num_beams": "operator_num_beams",
-               "attention_mask": "operator_mask"}
+               "num_return_sequences": "operator_returns", "attention_mask": "operator_mask"}
     operator.input[:] = [renames.get(name, name) for name in operator.input]
-    operator.output[:] = ["operator_sequences"]
+    operator.output[:] = ["operator_sequences", "operator_scores"]
     nodes.append(operator)
     # A batch: the greedy Loop for one beam, the beam Loop for more.
     nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
               node("Squeeze", ["one_beam_1"], ["one_beam"]),
-              node("Or", ["one_sentence", "one_beam"], ["skip_beam_loop"]),
+              node("Or", ["by_operator", "one_beam"], ["skip_beam_loop"]),
               node("Not", ["one_beam"], ["many_beams"]),
-              node("Or", ["one_sentence", "many_beams"], ["skip_greedy_loop"])]
+              node("Or", ["by_operator", "many_beams"], ["skip_greedy_loop"])]
     loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
                    "min_length": "min_length", "num_beams": "num_beams",
                    "length_penalty": "length_penalty"}
     n_layers = len(cross_names_of(decoder)) // 2
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
-                                      "greedy_sequences", skip="skip_greedy_loop",
-                                      skipped_output="operator_sequences", greedy=True)
+                                      ("greedy_sequences", "greedy_scores"),
+                                      skip="skip_greedy_loop",
+                                      skipped=("operator_sequences", "operator_scores"),
+                                      greedy=True)
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
-                                      "sequences", skip="skip_beam_loop",
-                                      skipped_output="greedy_sequences")
+                                      SEARCH_OUTPUTS, skip="skip_beam_loop",
+                                      skipped=("greedy_sequences", "greedy_scores"))
     return nodes
 
 
@@ -414,23 +423,33 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
         shared += hoist_initializers(encoder.graph, "encoder/")
         shared += hoist_initializers(decoder.graph, "decoder/")
     beam_search = helper.make_node(
-        "BeamSearch", [*SEARCH_INPUTS, "", "", "attention_mask"], ["sequences"],
+        "BeamSearch", [*SEARCH_INPUTS, "", "", "attention_mask"], list(SEARCH_OUTPUTS),
         name="BeamSearch", domain=MS_DOMAIN,
         eos_token_id=EOS, pad_token_id=PAD, decoder_start_token_id=BOS,
         no_repeat_ngram_size=0, early_stopping=1, model_type=1,
         encoder=encoder.graph, decoder=decoder.graph)
+    # the operator's scores are in the logits' type: float16 in the fp16 file, cast to the
+    # contract's float
+    score_type = next(o for o in decoder.graph.output
+                      if o.name == "logits").type.tensor_type.elem_type
     if search == "loop":
         nodes = both_searches(beam_search, encoder.graph, decoder.graph,
                               {t.name for t in shared})
     else:
         nodes = [*source_mask("input_ids", "attention_mask"), beam_search]
+        if score_type != TensorProto.FLOAT:
+            beam_search.output[1] = "sequences_scores_as_logits"
+            nodes.append(helper.make_node("Cast", ["sequences_scores_as_logits"],
+                                          ["sequences_scores"], to=TensorProto.FLOAT))
     scalar = {"length_penalty": TensorProto.FLOAT, "repetition_penalty": TensorProto.FLOAT}
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32,
                                             ["batch_size", "sequence_length"])]
     inputs += [helper.make_tensor_value_info(name, scalar.get(name, TensorProto.INT32), [1])
                for name in SEARCH_INPUTS[1:]]
     outputs = [helper.make_tensor_value_info(
-        "sequences", TensorProto.INT32, ["batch_size", "num_return_sequences", "max_length"])]
+        "sequences", TensorProto.INT32, ["batch_size", "num_return_sequences", "max_length"]),
+        helper.make_tensor_value_info("sequences_scores", TensorProto.FLOAT,
+                                      ["batch_size", "num_return_sequences"])]
     pad_id = helper.make_tensor("pad_id", TensorProto.INT32, [], [PAD])
     constants = PICK_CONSTANTS if search == "loop" else []
     graph = helper.make_graph(nodes, "nmt generation", inputs, outputs,
@@ -439,6 +458,7 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
     opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="nmt-pipeline",
                               ir_version=IR_VERSION)
+    metadata = {**metadata, "outputs": ",".join(SEARCH_OUTPUTS)}
     helper.set_model_props(model, {k: str(v) for k, v in metadata.items()})
     return model
 

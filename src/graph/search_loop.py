@@ -6,8 +6,10 @@ sentences that had already ended (docs/engines.md). This graph runs the same enc
 decoder-step nodes (exported by src/graph/onnx_graph.py), and after each step drops the
 sentences that are done (`Compress` on every per-row state: the self-attention cache, the
 cross-attention keys and values, the source mask, the hypotheses), writing each sentence's best
-hypothesis into the output by its original index. Same inputs and the same output as the
-BeamSearch node: `sequences` (B, 1, T) with BOS, the tokens, then PAD (EOS is not written).
+hypothesis into the output by its original index. Same inputs and the same outputs as the
+BeamSearch node: `sequences` (B, 1, T) with BOS, the tokens, then PAD (EOS is not written), and
+`sequences_scores` (B, 1), each hypothesis's sum(log p) / length**length_penalty (length = its
+tokens, EOS counted).
 
 The search is `src.nmt.search.beam_search`, step for step: the 2K best continuations of a
 sentence's K beams; an EOS among the first K finishes a hypothesis (score / length**penalty,
@@ -16,7 +18,7 @@ hypotheses; at the length limit its live beams compete too. Ties go to the earli
 as there. `min_length` bans EOS before that length (BOS counted), as ONNX Runtime's operator
 does. The first step runs one row per sentence, as its K beams would be K copies of one row.
 Greedy search, the one-beam case, has a body of its own (`_greedy_body`): the best token of
-each row, no scores, no candidate lists, no reordering.
+each row and its running log-probability, no candidate lists, no reordering.
 
 The weights stay where ONNX Runtime pre-packs them: the encoder's in the graph that runs it,
 the decoder's one scope above the Loop body (it looks up one level for constant initializers;
@@ -99,7 +101,8 @@ class Step:
     them (`nodes`; `produced` maps its outputs to their names here)."""
 
     SMALL_TYPES = {"sents": INT64, "tokens": INT32, "scores": FLOAT, "history": INT32,
-                   "best": FLOAT, "count": INT64, "out": INT32, "mask": INT32}
+                   "best": FLOAT, "count": INT64, "out": INT32, "out_scores": FLOAT,
+                   "mask": INT32}
 
     def __init__(self, decoder: onnx.GraphProto, n_layers: int, keep: set[str], prefix: str,
                  small: list[str]):
@@ -138,7 +141,7 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     (`_queries_per_sentence`)."""
     p = "step/"
     step = Step(decoder, n_layers, keep, p,
-                ["sents", "tokens", "scores", "history", "best", "count", "out"])
+                ["sents", "tokens", "scores", "history", "best", "count", "out", "out_scores"])
     selfs, crosses, names, produced, types = (step.selfs, step.crosses, step.names,
                                               step.produced, step.types)
     n = Nodes(p)
@@ -191,11 +194,15 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     hypothesis = f.op("Gather", names["history"], finished_row, axis=0)       # (N, t)
     finish = branch(f, {"best": (f.op("Where", better, step_best, names["best"]), FLOAT),
                         "out": (write_best(f, names["out"], names["sents"], hypothesis, better,
-                                           it, outer["max_new"]), INT32)})
+                                           it, outer["max_new"]), INT32),
+                        "out_scores": (write_score(f, names["out_scores"], names["sents"],
+                                                   step_best, better), FLOAT)})
     keep_as_is = Nodes(p + "unfinished/")
     unchanged = branch(keep_as_is, {k: (keep_as_is.op("Identity", names[k]), t)
-                                    for k, t in (("best", FLOAT), ("out", INT32))})
-    best, out = n.ops("If", [some_finished], 2, then_branch=finish, else_branch=unchanged)
+                                    for k, t in (("best", FLOAT), ("out", INT32),
+                                                 ("out_scores", FLOAT))})
+    best, out, out_scores = n.ops("If", [some_finished], 3, then_branch=finish,
+                                  else_branch=unchanged)
 
     # The next beams: the first K continuations that are not EOS, in rank order (TopK keeps
     # the lower index first among equal scores).
@@ -243,7 +250,7 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
         **{s: n.op("Gather", state[s], chosen["rows"], axis=0) for s in selfs},
         **{k: n.op("Gather", state[k], chosen["kept"], axis=0) for k in ("mask", *crosses)},
     }
-    outputs = {**results, "out": out}
+    outputs = {**results, "out": out, "out_scores": out_scores}
     go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
     return step.graph(n.nodes, "search_step", go_on, outputs)
 
@@ -280,11 +287,13 @@ def _queries_per_sentence(n: Nodes, nodes: list[onnx.NodeProto], cross: set[str]
 def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
                  outer: dict[str, str]) -> onnx.GraphProto:
     """One greedy step for the sentences still open (one row each): beam search's one-beam
-    case without its scores, candidate lists and beam bookkeeping. A sentence whose best
-    token is EOS is written out and dropped; EOS banned (before min_length) passes the turn
-    to the second best. `outer`: max_new (1,), min_length (scalar)."""
+    case without its candidate lists and beam bookkeeping; `scores` carries each row's sum of
+    log-probabilities. A sentence whose best token is EOS is written out, with its score, and
+    dropped; EOS banned (before min_length) passes the turn to the second best. `outer`:
+    max_new (1,), min_length and length_penalty (scalars)."""
     p = "greedy_step/"
-    step = Step(decoder, n_layers, keep, p, ["sents", "tokens", "history", "out"])
+    step = Step(decoder, n_layers, keep, p,
+                ["sents", "tokens", "scores", "history", "out", "out_scores"])
     selfs, crosses, names, produced = step.selfs, step.crosses, step.names, step.produced
     n = Nodes(p)
     n.nodes.extend(step.nodes)
@@ -292,13 +301,17 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     axis_1, eos = n.const(INT64, [1]), n.const(INT64, [EOS], [])
 
-    # The log-softmax keeps a row's order: the best two logits are its best two tokens.
-    logits = n.op("Squeeze", produced["logits"], axis_1)                      # (N, V)
-    _, best_two = n.ops("TopK", [logits, n.const(INT64, [2])], 2, axis=1)     # (N, 2)
+    # The best two tokens of each row and their log-probabilities (the score's terms).
+    logp = n.op("LogSoftmax", n.op("Squeeze", produced["logits"], axis_1), axis=-1)  # (N, V)
+    top_two, best_two = n.ops("TopK", [logp, n.const(INT64, [2])], 2, axis=1)  # (N, 2)
     first, second = n.op("Gather", best_two, zero, axis=1), n.op("Gather", best_two, one, axis=1)
-    banned = n.op("And", n.op("Less", n.op("Add", it, one), outer["min_length"]),
+    length = n.op("Add", it, one)  # generated tokens including this one
+    banned = n.op("And", n.op("Less", length, outer["min_length"]),
                   n.op("Equal", first, eos))
     token = n.op("Where", banned, second, first)                              # (N,)
+    token_logp = n.op("Where", banned, n.op("Gather", top_two, one, axis=1),
+                      n.op("Gather", top_two, zero, axis=1))
+    scores = n.op("Add", names["scores"], token_logp)                         # (N,)
     is_eos = n.op("Equal", token, eos)
     some_done = n.op("Greater", n.op("ReduceMax", n.op("Cast", is_eos, to=INT64),
                                      keepdims=0), zero)
@@ -307,25 +320,32 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     # an If copies what it returns, so it returns only small tensors).
     done = Nodes(p + "done/")
     going_on = done.op("Not", is_eos)
+    penalty = done.op("Pow", done.op("Cast", length, to=FLOAT), outer["length_penalty"])
     ended = branch(done, {
         "out": (write_best(done, names["out"], names["sents"], names["history"], is_eos, it,
                            outer["max_new"]), INT32),
+        "out_scores": (write_score(done, names["out_scores"], names["sents"],
+                                   done.op("Div", scores, penalty), is_eos), FLOAT),
         "rows": (done.op("Reshape", done.op("NonZero", going_on), done.const(INT64, [-1])),
                  INT64),
         "sents": (done.op("Compress", names["sents"], going_on, axis=0), INT64),
-        "tokens": (done.op("Compress", token, going_on, axis=0), INT64)})
+        "tokens": (done.op("Compress", token, going_on, axis=0), INT64),
+        "scores": (done.op("Compress", scores, going_on, axis=0), FLOAT)})
     same = Nodes(p + "same/")
     unchanged = branch(same, {
         "out": (same.op("Identity", names["out"]), INT32),
+        "out_scores": (same.op("Identity", names["out_scores"]), FLOAT),
         "rows": (same.op("Range", zero, same.op("Size", names["sents"]), one), INT64),
         "sents": (same.op("Identity", names["sents"]), INT64),
-        "tokens": (same.op("Identity", token), INT64)})
-    labels = ["out", "rows", "sents", "tokens"]
+        "tokens": (same.op("Identity", token), INT64),
+        "scores": (same.op("Identity", scores), FLOAT)})
+    labels = ["out", "out_scores", "rows", "sents", "tokens", "scores"]
     chosen = dict(zip(labels, n.ops("If", [some_done], len(labels), then_branch=ended,
                                     else_branch=unchanged)))
     tokens = n.op("Unsqueeze", n.op("Cast", chosen["tokens"], to=INT32), axis_1)  # (N', 1)
     outputs = {
         "sents": chosen["sents"], "tokens": tokens, "out": chosen["out"],
+        "out_scores": chosen["out_scores"], "scores": chosen["scores"],
         "history": n.op("Concat", n.op("Gather", names["history"], chosen["rows"], axis=0),
                         tokens, axis=1),
         **{s: n.op("Gather", produced[s.replace("past_", "present_")], chosen["rows"], axis=0)
@@ -348,14 +368,21 @@ def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, len
     return n.op("ScatterND", out, n.op("Unsqueeze", sents, n.const(INT64, [1])), rows)
 
 
+def write_score(n: Nodes, out_scores: str, sents: str, score: str, better: str) -> str:
+    """out_scores[sents[i]] = score[i] where better[i]."""
+    old = n.op("Gather", out_scores, sents, axis=0)
+    return n.op("ScatterND", out_scores, n.op("Unsqueeze", sents, n.const(INT64, [1])),
+                n.op("Where", better, score, old))
+
+
 def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int,
-                 keep: set[str], inputs: dict[str, str], output: str, skip: str,
-                 skipped_output: str, greedy: bool = False) -> list[onnx.NodeProto]:
+                 keep: set[str], inputs: dict[str, str], outputs: tuple[str, str], skip: str,
+                 skipped: tuple[str, str], greedy: bool = False) -> list[onnx.NodeProto]:
     """Nodes of the outer graph from `inputs` (input_ids, max_length, min_length, num_beams,
-    length_penalty -> the names to read) to `output` (sequences); `keep` names the weights
-    (outer initializers). Where the bool scalar `skip` holds, nothing runs but a Loop of no
-    step and `output` is `skipped_output`. `greedy`: the one-beam search (`_greedy_body`),
-    which reads neither num_beams nor length_penalty."""
+    length_penalty -> the names to read) to `outputs` (sequences, sequences_scores); `keep`
+    names the weights (outer initializers). Where the bool scalar `skip` holds, nothing runs
+    but a Loop of no step and `outputs` are `skipped`. `greedy`: the one-beam search
+    (`_greedy_body`), which does not read num_beams."""
     selfs, crosses = _state_names(n_layers)
     pre = "greedy/" if greedy else "search/"
     mask = f"{pre}attention_mask"
@@ -376,6 +403,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     outer = {
         "max_new": n.op("Sub", n.op("Cast", inputs["max_length"], to=INT64), one_1),  # (1,)
         "min_length": n.op("Squeeze", n.op("Cast", inputs["min_length"], to=INT64)),
+        "length_penalty": n.op("Squeeze", inputs["length_penalty"]),
     }
     if not greedy:
         beams_1 = n.op("Cast", inputs["num_beams"], to=INT64)                         # (1,)
@@ -384,8 +412,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
         outer.update({
             "beams": beams, "beams_1": beams_1, "two_beams": two_beams,
             "first_beams": n.op("Less", n.op("Range", zero, n.op("Squeeze", two_beams), one),
-                                beams),
-            "length_penalty": n.op("Squeeze", inputs["length_penalty"])})
+                                beams)})
 
     # One row per sentence until the first step has chosen each sentence's K beams.
     cross_values = [encoded[c.replace("past_", "present_")] for c in crosses]
@@ -406,7 +433,11 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     # name: (value, type, the skipped path's dims and values)
     starts = {"trip": (trip, INT64, [], [0]), "start": (start, BOOL, [], [False]),
               "sents": (sents, INT64, [0], []), "tokens": (tokens, INT32, [0, 1], [])}
-    if not greedy:
+    if greedy:  # a row's sum of log-probabilities
+        starts["scores"] = (n.op("ConstantOfShape", batch_1,
+                                 value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B,)
+                            FLOAT, [0], [])
+    else:
         starts.update({
             "scores": (n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
                             value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B, 1)
@@ -416,19 +447,22 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
                      FLOAT, [0], []),
             "count": (n.op("ConstantOfShape", batch_1,
                            value=helper.make_tensor("v", INT64, [1], [0])), INT64, [0], [])})
+    out_scores = n.op("ConstantOfShape", batch_1,
+                      value=helper.make_tensor("v", FLOAT, [1], [float("-inf")]))  # (B,)
     starts.update({
         "history": (history, INT32, [0, 0], []), "out": (out, INT32, [0, 0], []),
+        "out_scores": (out_scores, FLOAT, [0], []),
         "empty_cache": (empty_cache, float_type, [0, heads, 0, d_head], []),
         **{c: (v, float_type, [0, heads, 1, d_head], []) for c, v in zip(crosses, cross_values)},
         "mask": (mask, INT32, [0, 1], []), "batch_1": (batch_1, INT64, [1], [0]),
         "max_new": (outer["max_new"], INT64, [1], [0]),
-        "min_length": (outer["min_length"], INT64, [], [0])})
+        "min_length": (outer["min_length"], INT64, [], [0]),
+        "length_penalty": (outer["length_penalty"], FLOAT, [], [1.0])})
     if not greedy:
         starts.update({
             "beams": (beams, INT64, [], [1]), "beams_1": (beams_1, INT64, [1], [1]),
             "two_beams": (two_beams, INT64, [1], [2]),
-            "first_beams": (outer["first_beams"], BOOL, [2], [True, False]),
-            "length_penalty": (outer["length_penalty"], FLOAT, [], [1.0])})
+            "first_beams": (outer["first_beams"], BOOL, [2], [True, False])})
     exposed = {k: f"{pre}{k}" for k in starts}
     dummies = [helper.make_node("Constant", [], [f"{pre}dummy_{k}"], value=helper.make_tensor(
         f"dummy_{k}", dtype, dims, values)) for k, (_, dtype, dims, values) in starts.items()]
@@ -442,8 +476,8 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
             helper.make_tensor_value_info(name, dtype, None)
             for name, dtype, _, _ in starts.values()]))
     outer = {k: exposed[k] for k in outer}
-    small = ["sents", "tokens"] + ([] if greedy else ["scores"]) + ["history"] \
-        + ([] if greedy else ["best", "count"]) + ["out"]
+    small = ["sents", "tokens", "scores", "history"] \
+        + ([] if greedy else ["best", "count"]) + ["out", "out_scores"]
     body = (_greedy_body(decoder, n_layers, keep, outer) if greedy
             else _body(decoder, n_layers, vocab, keep, outer))
     ends = [f"{pre}end_{c}" for c in (*small, *selfs, *crosses, "mask")]
@@ -458,13 +492,14 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     n = Nodes(f"{pre}final/")
     zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
     steps = n.op("Squeeze", n.op("Shape", end["history"], start=1, end=2))
+    penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
     if greedy:
         better = n.op("ConstantOfShape", n.op("Shape", end["sents"]),
                       value=helper.make_tensor("v", BOOL, [1], [True]))
         hypotheses = end["history"]
+        live_best = n.op("Div", end["scores"], penalty)                       # (N,)
     else:
         zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
-        penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
         live = n.op("Div", end["scores"], penalty)                            # (N, 1 or K)
         live_best = n.op("ReduceMax", live, n.const(INT64, [1]), keepdims=0)
         live_rank = n.op("Squeeze", n.op("ArgMax", live, axis=1, keepdims=1), one_1)
@@ -474,15 +509,20 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
         better = n.op("Greater", live_best, end["best"])
         hypotheses = n.op("Gather", end["history"], rows, axis=0)
     final = write_best(n, end["out"], end["sents"], hypotheses, better, steps, outer["max_new"])
+    final_scores = write_score(n, end["out_scores"], end["sents"], live_best, better)
     written = n.op("Slice", final, zero_1, n.op("Unsqueeze", steps, zero_1), one_1)
     bos = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
                n.op("Concat", exposed["batch_1"], one_1, axis=0))
     searched = n.op("Unsqueeze", n.op("Concat", bos, written, axis=1), one_1)
-    skipped = helper.make_node("Identity", [skipped_output], [f"{pre}final/skipped"])
+    scored = n.op("Unsqueeze", final_scores, one_1)                          # (B, 1)
+    passed = [helper.make_node("Identity", [given], [f"{pre}final/skipped_{i}"])
+              for i, given in enumerate(skipped)]
     finish = helper.make_node(
-        "If", [skip], [output],
-        then_branch=helper.make_graph([skipped], f"{tag}_not_run", [], [
-            helper.make_tensor_value_info(f"{pre}final/skipped", INT32, None)]),
+        "If", [skip], list(outputs),
+        then_branch=helper.make_graph(passed, f"{tag}_not_run", [], [
+            helper.make_tensor_value_info(f"{pre}final/skipped_{i}", dtype, None)
+            for i, dtype in enumerate((INT32, FLOAT))]),
         else_branch=helper.make_graph(n.nodes, f"{tag}_final", [], [
-            helper.make_tensor_value_info(searched, INT32, None)]))
+            helper.make_tensor_value_info(searched, INT32, None),
+            helper.make_tensor_value_info(scored, FLOAT, None)]))
     return [setup, loop, finish]

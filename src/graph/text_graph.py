@@ -6,6 +6,8 @@ onnxruntime-extensions library and this one file (no Python, no separate tokeniz
 
     text         string (B,)   sentences; a blank one comes back blank
     -> translation string (B,)
+    -> score       float (B,)    the search's score of each translation (generation models
+                                 with `sequences_scores`; the score of a blank line means nothing)
 
 The search settings are fixed in the file (metadata `beam_size`, `length_penalty`,
 `max_length_ratio`); `python -m src.text_graph` writes a twin with others, e.g. greedy.
@@ -34,7 +36,9 @@ from src.runtime.generation import (
     TEXT_FORMAT,
     TEXT_INPUT,
     TEXT_OUTPUT,
+    TEXT_SCORE,
     TEXT_SOURCE_TOKENIZER,
+    has_scores,
 )
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"  # where onnxruntime-extensions registers its operators
@@ -189,6 +193,11 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
     del graph.output[:]
     graph.output.extend([helper.make_tensor_value_info(TEXT_OUTPUT, TensorProto.STRING,
                                                        ["batch_size"])])
+    if has_scores(meta):
+        graph.output.extend([helper.make_tensor_value_info(TEXT_SCORE, TensorProto.FLOAT,
+                                                           ["batch_size"])])
+        decode = [*decode, helper.make_node("Squeeze", ["sequences_scores", "squeeze_axis"],
+                                            [TEXT_SCORE])]
     nodes = [*encode, *graph.node, *decode]
     del graph.node[:]
     graph.node.extend(nodes)

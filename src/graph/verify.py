@@ -1,7 +1,9 @@
 """Whether an exported file can be trusted, before it is moved into place: `onnx.checker`,
 ONNX Runtime against PyTorch's search (greedy token for token, beam in at least
 `export.min_beam_parity` of the rows), its BLEU and speed on the test split in the batches
-`src.infer` makes, and its text twin translating exactly as the file with the tokenizer."""
+`src.infer` makes, and its text twin translating exactly as the file with the tokenizer. The
+confidence curve (src/runtime/confidence.py) is fitted here, on the valid split with model.onnx's
+own scores, and stored in every file's metadata."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from src.core.atomic import atomic_path
 from src.core.errors import PipelineError
 from src.core.params import ExportParams
 from src.core.scoring import score as corpus_scores
+from src.core.scoring import sentence_chrf
+from src.core.special_ids import PAD
 from src.data.batching import clip_source
 from src.data.subword import Tokenizers
 from src.graph import text_graph
@@ -27,7 +31,7 @@ from src.nmt.search import (
     max_output_length,
     source_batch,
 )
-from src.runtime import generation, placement
+from src.runtime import confidence, generation, placement
 
 SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
 
@@ -89,6 +93,35 @@ def score_file(path: Path, model, tok: Tokenizers, part, cfg: ExportParams) -> d
             "sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
             "size_mb": round(path.stat().st_size / 1e6, 2),
             "provider": session.get_providers()[0], "ids": ids}
+
+
+def calibrate(path: Path, model, tok: Tokenizers, valid, cfg: ExportParams
+              ) -> confidence.Calibration:
+    """The confidence curve of a file, fitted on the valid split: its beam search's scores
+    (as exported) against whether each translation's sentence chrF reaches the threshold."""
+    session = open_session(path)
+    sources = list(valid["source_ids"])
+    found: list = [None] * len(sources)
+    for idx in length_sorted_batches(sources, cfg.batch_size):
+        src = source_batch(sources, idx, model.max_positions)
+        max_len = max_output_length(src, cfg.max_length_ratio, model)
+        hyps = generation.run_search_scored(session, src.numpy(), max_len, cfg.beam_size,
+                                            cfg.length_penalty, PAD)
+        for i, (best, *_) in zip(idx, hyps):
+            found[i] = (best, len(best.ids) + (len(best.ids) < max_len))
+    texts = tok.decode_target([best.ids for best, _ in found])
+    chrf = sentence_chrf(texts, list(valid["target"]))
+    features = [confidence.mean_logp(best.score, tokens, cfg.length_penalty)
+                for best, tokens in found]
+    return confidence.fit(features, [c >= confidence.CHRF_THRESHOLD for c in chrf])
+
+
+def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)
 
 
 def check_graph(path: Path) -> None:
@@ -222,10 +255,11 @@ def check_int8_quality(fp32: dict, int8: dict, sentences: int, cfg: ExportParams
 
 def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
                    cfg: ExportParams, tokenizer_dir: Path, fp16=None,
-                   fp16_path: Path | None = None) -> dict:
+                   fp16_path: Path | None = None, valid=None) -> dict:
     """The files and their text twins are written to temporary siblings, checked and scored,
     and only then moved into place together: a failure (say, in the int8 check) leaves the old
-    files untouched, never a new model.onnx beside a stale model.int8.onnx (or fp16)."""
+    files untouched, never a new model.onnx beside a stale model.int8.onnx (or fp16). With a
+    `valid` split, every file gets model.onnx's confidence curve fitted on it."""
     onnx_path, int8_path = paths_out
     result: dict = {}
     scores = {}
@@ -233,6 +267,13 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
         tmp = stack.enter_context(atomic_path(onnx_path))
         onnx.save(fp32, tmp)
         result.update(verify(tmp, model, list(part["source_ids"])[: cfg.parity_sentences], cfg))
+        if valid is not None and len(valid):
+            calibration = calibrate(tmp, model, tok, valid, cfg)
+            for proto in (fp32, int8, fp16):
+                if proto is not None:
+                    set_metadata(proto, confidence.METADATA_KEY, calibration.to_metadata())
+            onnx.save(fp32, tmp)
+            result["confidence"] = calibration.to_metadata()
         scores["fp32"] = score_file(tmp, model, tok, part, cfg)
         written = {"fp32": tmp}
         if int8 is not None:

@@ -29,18 +29,25 @@ def _log_probs(logits: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, max_len: int) -> list[list[int]]:
-    """src (B, S) -> token ids per row, EOS excluded."""
+def greedy_search(model: Transformer, src: Tensor, max_len: int, length_penalty: float = 1.0,
+                  with_scores: bool = False):
+    """src (B, S) -> token ids per row, EOS excluded; `with_scores`: (ids, score) per row, the
+    score sum(log p) / length**length_penalty as the beam search's (EOS counted)."""
     batch = src.shape[0]
     memory, src_mask = model.encode(src)
     cross = model.cross_kv(memory)
     cache = model.empty_cache(batch, src.device, memory.dtype)
     tokens = torch.full((batch, 1), BOS, dtype=torch.long, device=src.device)
     done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    total = torch.zeros(batch, device=src.device)  # sum of log p of each row's tokens
+    lengths = torch.zeros(batch, device=src.device)
     out = []
     for _ in range(max_len):
         logits, cache = model.decode_step(tokens, cache, cross, src_mask)
-        nxt = _log_probs(logits).argmax(-1)
+        logp = _log_probs(logits)
+        best, nxt = logp.max(-1)
+        total += best.masked_fill(done, 0.0)
+        lengths += (~done).float()
         nxt = nxt.masked_fill(done, EOS)
         out.append(nxt)
         done |= nxt == EOS
@@ -48,20 +55,26 @@ def greedy_search(model: Transformer, src: Tensor, max_len: int) -> list[list[in
             break
         tokens = nxt[:, None]
     ids = torch.stack(out, 1).tolist() if out else [[] for _ in range(batch)]
-    return [row[: row.index(EOS)] if EOS in row else row for row in ids]
+    hyps = [row[: row.index(EOS)] if EOS in row else row for row in ids]
+    if not with_scores:
+        return hyps
+    scores = (total / lengths.clamp(min=1) ** length_penalty).tolist()
+    return list(zip(hyps, scores))
 
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer, src: Tensor, beam: int, max_len: int, length_penalty: float = 1.0
-) -> list[list[int]]:
-    """Batched beam search; returns the best finished hypothesis per row, EOS excluded.
+    model: Transformer, src: Tensor, beam: int, max_len: int, length_penalty: float = 1.0,
+    with_scores: bool = False,
+):
+    """Batched beam search; returns the best finished hypothesis per row, EOS excluded
+    (`with_scores`: (ids, score) per row, the score as ranked).
 
     A row stops when it holds `beam` finished hypotheses (early stopping, as in ORT/HF with
     early_stopping=True); rows still open at max_len finish with their live beams.
     """
     if beam == 1:
-        return greedy_search(model, src, max_len)
+        return greedy_search(model, src, max_len, length_penalty, with_scores)
     batch, device = src.shape[0], src.device
     memory, src_mask = model.encode(src)
     # Every row's encoder state repeated beam times: (B*K, ...), row-major.
@@ -124,7 +137,10 @@ def beam_search(
                     finished[b].append(
                         (s / history.shape[1] ** length_penalty, history[b * beam + k].tolist())
                     )
-    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+    best = [max(f, key=lambda x: x[0]) if f else (float("-inf"), []) for f in finished]
+    if with_scores:
+        return [(hyp, score) for score, hyp in best]
+    return [hyp for _, hyp in best]
 
 
 def length_sorted_batches(sources: list[list[int]], batch_size: int) -> list[list[int]]:
@@ -147,18 +163,21 @@ def translate_ids(
     max_length_ratio: float,
     batch_size: int,
     progress=None,
-) -> list[list[int]]:
+    with_scores: bool = False,
+) -> list:
     """Search every source (id lists) in length-sorted batches; output order = input order.
 
-    `progress` is an optional rich Progress to advance. beam 1 is greedy.
+    `progress` is an optional rich Progress to advance. beam 1 is greedy. `with_scores`:
+    (ids, score) per source, the score as `beam_search` ranks hypotheses.
     """
     device = next(model.parameters()).device
-    out: list[list[int]] = [[] for _ in sources]
+    out: list = [[] for _ in sources]
     task = progress.add_task("translate", total=len(sources)) if progress else None
     for idx in length_sorted_batches(sources, batch_size):
         src = source_batch(sources, idx, model.max_positions).to(device)
         max_len = max_output_length(src, max_length_ratio, model)
-        for i, hyp in zip(idx, beam_search(model, src, beam, max_len, length_penalty)):
+        found = beam_search(model, src, beam, max_len, length_penalty, with_scores)
+        for i, hyp in zip(idx, found):
             out[i] = hyp
         if progress:
             progress.advance(task, len(idx))

@@ -5,9 +5,11 @@ checks all run the graph the same way.
 The graph (built by src/graph/onnx_graph.py) takes the inputs in `SEARCH_INPUTS`: `input_ids` int32
 (B, S), source ids ending with EOS, right-padded with PAD; then `max_length` (the BOS start
 token + new tokens), `min_length`, `num_beams`, `num_return_sequences`, `length_penalty`,
-`repetition_penalty`. It returns `sequences` (B, 1, T): BOS, the tokens, PAD. Its
-metadata_props (`METADATA_KEYS`) carry the special ids, the limits, the export's default
-search settings and the tokenizer fingerprints; `format` is `GRAPH_FORMAT`.
+`repetition_penalty`. It returns `sequences` (B, N, T): BOS, the tokens, PAD, N =
+`num_return_sequences` hypotheses per sentence, best first; and (files whose metadata `outputs`
+names it) `sequences_scores` (B, N): sum(log p) / length**length_penalty. Its metadata_props
+(`METADATA_KEYS`) carry the special ids, the limits, the export's default search settings and
+the tokenizer fingerprints; `format` is `GRAPH_FORMAT`.
 """
 
 from __future__ import annotations
@@ -26,19 +28,22 @@ import numpy as np
 
 from src.core.errors import PipelineError
 from src.data.subword import decode_ids
-from src.runtime import placement
+from src.runtime import confidence, placement
 from src.runtime.placement import CUDA
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
 # A text model (src/text_graph.py): `text` strings (B,) -> `translation` strings (B,), with
 # SentencePiece inside through the onnxruntime-extensions operators, around the same search.
 TEXT_FORMAT = "nmt-text-1"
-TEXT_INPUT, TEXT_OUTPUT = "text", "translation"
+TEXT_INPUT, TEXT_OUTPUT, TEXT_SCORE = "text", "translation", "score"
 # A text model's metadata also holds its source SentencePiece model (base64), so a Python
 # caller batches a file by source tokens exactly as the generation model's translator does.
 TEXT_SOURCE_TOKENIZER = "source_tokenizer_base64"
 SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
                  "length_penalty", "repetition_penalty"]
+# What a file of ours returns; files written before scores (GRAPH_FORMAT nmt-beamsearch-1
+# without `outputs` in their metadata) return `sequences` only.
+SEARCH_OUTPUTS = ("sequences", "sequences_scores")
 METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
                  "max_output_tokens", "beam_size", "length_penalty", "max_length_ratio",
                  "source_tokenizer_sha256", "target_tokenizer_sha256"]
@@ -58,29 +63,61 @@ def max_new_tokens(longest_source: int, ratio: float, limit: int) -> int:
 
 
 def search_feeds(src: np.ndarray, new_tokens: int, beam: int,
-                 length_penalty: float) -> dict[str, np.ndarray]:
+                 length_penalty: float, n_best: int = 1) -> dict[str, np.ndarray]:
     """Inputs of one `session.run`: src (B, S) ids with EOS, right-padded with PAD."""
     return {
         "input_ids": src.astype(np.int32),
         "max_length": np.array([new_tokens + 1], np.int32),  # + the BOS start token
         "min_length": np.array([0], np.int32),
         "num_beams": np.array([beam], np.int32),
-        "num_return_sequences": np.array([1], np.int32),
+        "num_return_sequences": np.array([n_best], np.int32),
         "length_penalty": np.array([length_penalty], np.float32),
         "repetition_penalty": np.array([1.0], np.float32),
     }
 
 
 def parse_sequences(sequences: np.ndarray, pad: int) -> list[list[int]]:
-    """(B, 1, T) output -> token ids per row, without the BOS and the padding (the graph
-    never writes EOS)."""
+    """(B, N, T) output -> the first (best) hypothesis's token ids per row, without the BOS and
+    the padding (the graph never writes EOS)."""
     return [[int(t) for t in row[0, 1:] if t != pad] for row in sequences]
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One hypothesis of a search: its token ids (no BOS, no EOS) and its score,
+    sum(log p) / length**length_penalty, or None from a file without scores."""
+
+    ids: list[int]
+    score: float | None
+
+
+def parse_hypotheses(sequences: np.ndarray, scores: np.ndarray | None,
+                     pad: int) -> list[list[Hypothesis]]:
+    """(B, N, T) sequences and (B, N) scores (or None) -> N hypotheses per row, best first."""
+    return [[Hypothesis([int(t) for t in hyp[1:] if t != pad],
+                        None if scores is None else float(scores[b][k]))
+             for k, hyp in enumerate(row)] for b, row in enumerate(sequences)]
+
+
+def has_scores(meta: Mapping[str, str]) -> bool:
+    """Whether a file returns `sequences_scores` (files written before scores do not)."""
+    return "sequences_scores" in meta.get("outputs", "").split(",")
 
 
 def run_search(session, src: np.ndarray, new_tokens: int, beam: int, length_penalty: float,
                pad: int = 0) -> list[list[int]]:
-    sequences = session.run(None, search_feeds(src, new_tokens, beam, length_penalty))[0]
+    sequences = session.run(["sequences"], search_feeds(src, new_tokens, beam,
+                                                        length_penalty))[0]
     return parse_sequences(sequences, pad)
+
+
+def run_search_scored(session, src: np.ndarray, new_tokens: int, beam: int,
+                      length_penalty: float, pad: int, n_best: int = 1,
+                      scored: bool = True) -> list[list[Hypothesis]]:
+    """`n_best` hypotheses per row with their scores (`scored`: the file has them)."""
+    names = list(SEARCH_OUTPUTS) if scored else ["sequences"]
+    outputs = session.run(names, search_feeds(src, new_tokens, beam, length_penalty, n_best))
+    return parse_hypotheses(outputs[0], outputs[1] if scored else None, pad)
 
 
 def pad_rows(rows: list[list[int]], pad: int) -> np.ndarray:
@@ -211,12 +248,11 @@ def length_batches(lines: list[str], batch_size: int,
     return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def translate_in_batches(lines: list[str], batch_size: int,
-                         run: Callable[[list[int]], list[str]],
-                         lengths: Mapping[int, int] | None = None) -> list[str]:
-    """One output per line, in order, blank lines blank; `run` translates a batch (indices)
-    of `length_batches`."""
-    out = [""] * len(lines)
+def translate_in_batches(lines: list[str], batch_size: int, run: Callable[[list[int]], list],
+                         lengths: Mapping[int, int] | None = None, blank="") -> list:
+    """One output per line, in order, `blank` for blank lines; `run` translates a batch
+    (indices) of `length_batches`."""
+    out = [blank] * len(lines)
     for idx in length_batches(lines, batch_size, lengths):
         for i, text in zip(idx, run(idx)):
             out[i] = text
@@ -248,6 +284,31 @@ class LoadedModel:
     def ran_on(self) -> str:
         """Which provider runs how many nodes (`placement.describe`)."""
         return placement.describe(self.session)
+
+    @property
+    def scored(self) -> bool:
+        """Whether the file returns scores (files written before them do not)."""
+        return has_scores(self.meta)
+
+    def confidence(self, best: Scored) -> float | None:
+        """The confidence of a line's best translation (src/runtime/confidence.py), from the
+        calibration in the file's metadata; None without a score."""
+        if best.score is None:
+            return None
+        feature = confidence.mean_logp(best.score, best.tokens,
+                                       float(self.meta["length_penalty"]))
+        return confidence.confidence(feature, confidence.from_metadata(self.meta))
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A translation with what the search says of it: its score (None from a file without
+    scores) and its length as the score counts it (target tokens, EOS included unless the
+    output limit cut it; None where unknown: a text model returns no ids)."""
+
+    text: str
+    score: float | None
+    tokens: int | None
 
 
 @dataclass
@@ -290,6 +351,19 @@ class Translator(LoadedModel):
                           float(self.meta["length_penalty"]), self.pad)
         return decode_ids(self.target, hyps, self.eos)
 
+    def run_scored(self, rows: list[list[int]], beam: int, max_length: int | None,
+                   n_best: int = 1) -> list[tuple[Scored, ...]]:
+        """`n_best` scored translations of each row of a batch, best first."""
+        src = pad_rows(rows, self.pad)
+        new_tokens = self.new_tokens(src.shape[1], max_length)
+        found = run_search_scored(self.session, src, new_tokens, beam,
+                                  float(self.meta["length_penalty"]), self.pad, n_best,
+                                  self.scored)
+        return [tuple(Scored(text, hyp.score, len(hyp.ids) + (len(hyp.ids) < new_tokens))
+                      for hyp, text in zip(hyps, decode_ids(self.target, [h.ids for h in hyps],
+                                                            self.eos)))
+                for hyps in found]
+
     def translate(self, lines: list[str], beam: int | None = None,
                   max_length: int | None = None, batch_size: int = 32,
                   first_line_no: int = 1) -> list[str]:
@@ -297,11 +371,34 @@ class Translator(LoadedModel):
         source tokens into batches (`length_batches`: little padding), and the order is
         restored."""
         beam = beam or self.default_beam
-        encoded = {i: self.encode(line, first_line_no + i)
-                   for i, line in enumerate(lines) if line.strip()}
+        encoded = self.encode_lines(lines, first_line_no)
         return translate_in_batches(
             lines, batch_size, lambda idx: self.run([encoded[i] for i in idx], beam, max_length),
             {i: len(ids) for i, ids in encoded.items()})
+
+    def translate_scored(self, lines: list[str], beam: int | None = None,
+                         max_length: int | None = None, batch_size: int = 32,
+                         first_line_no: int = 1, n_best: int = 1) -> list[tuple[Scored, ...]]:
+        """As `translate`, each line's `n_best` translations with their scores (an empty
+        tuple for a blank line); the same batches, so the first is `translate`'s line."""
+        beam = beam or self.default_beam
+        check_n_best(n_best, beam)
+        encoded = self.encode_lines(lines, first_line_no)
+        return translate_in_batches(
+            lines, batch_size,
+            lambda idx: self.run_scored([encoded[i] for i in idx], beam, max_length, n_best),
+            {i: len(ids) for i, ids in encoded.items()}, blank=())
+
+    def encode_lines(self, lines: list[str], first_line_no: int) -> dict[int, list[int]]:
+        return {i: self.encode(line, first_line_no + i)
+                for i, line in enumerate(lines) if line.strip()}
+
+
+def check_n_best(n_best: int, beam: int) -> None:
+    """An n-best list holds 1 to `beam` hypotheses (the search keeps no more)."""
+    if not 1 <= n_best <= beam:
+        raise PipelineError(f"n-best {n_best}: a search with beam {beam} returns 1 to {beam} "
+                            "hypotheses (raise the beam for more)")
 
 
 @dataclass
@@ -312,6 +409,16 @@ class TextTranslator(LoadedModel):
     def run(self, lines: list[str]) -> list[str]:
         text = np.array(lines, dtype=object)
         return [str(t) for t in self.session.run([TEXT_OUTPUT], {TEXT_INPUT: text})[0]]
+
+    def run_scored(self, lines: list[str]) -> list[tuple[Scored, ...]]:
+        """Each line's translation with its score (None from a file without scores); its
+        length is not known (the file returns text, not ids)."""
+        text = np.array(lines, dtype=object)
+        names = [TEXT_OUTPUT, TEXT_SCORE] if self.scored else [TEXT_OUTPUT]
+        outputs = self.session.run(names, {TEXT_INPUT: text})
+        scores = outputs[1] if self.scored else [None] * len(lines)
+        return [(Scored(str(t), None if s is None else float(s), None),)
+                for t, s in zip(outputs[0], scores)]
 
     def check_search(self, beam: int | None, max_length: int | None) -> None:
         """Refuse settings the file cannot honour (its search is fixed at export)."""
@@ -352,6 +459,18 @@ class TextTranslator(LoadedModel):
         return translate_in_batches(lines, batch_size,
                                     lambda idx: self.run([lines[i] for i in idx]),
                                     self.source_lengths(lines))
+
+    def translate_scored(self, lines: list[str], beam: int | None = None,
+                         max_length: int | None = None, batch_size: int = 32,
+                         first_line_no: int = 1, n_best: int = 1) -> list[tuple[Scored, ...]]:
+        """As `translate`, with each translation's score; one hypothesis per line."""
+        self.check_search(beam, max_length)
+        if n_best != 1:
+            raise PipelineError("a text model returns one translation per line: use the "
+                                "generation model (model.onnx) for an n-best list")
+        return translate_in_batches(lines, batch_size,
+                                    lambda idx: self.run_scored([lines[i] for i in idx]),
+                                    self.source_lengths(lines), blank=())
 
 
 def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provider: str = "auto",

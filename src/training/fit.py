@@ -5,17 +5,15 @@ validates and writes."""
 
 from __future__ import annotations
 
-import csv
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from src.core import failpoints, paths, tracking
-from src.core.atomic import atomic_path
 from src.core.errors import PipelineError
 from src.core.params import ModelParams, TrainParams
-from src.core.reports import TRAIN_HEADLINE, write_report
+from src.core.reports import TRAIN_HEADLINE, write_curve, write_report
 from src.data.augment import Segmentations, TrainingCorpus
 from src.data.batching import batches_per_step, load_encoded, steps_in_epoch, token_batches
 from src.data.subword import check_encoded_with, load_tokenizers
@@ -44,14 +42,6 @@ def training_corpus(data_dir: Path, cfg: TrainParams, tokenizers) -> TrainingCor
         corpus.candidates = (Segmentations.of(tokenizers.source, list(part["source"])),
                              Segmentations.of(tokenizers.target, list(part["target"])))
     return corpus
-
-
-def write_curve(path: Path, rows: list[dict]) -> None:
-    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
-        if rows:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
 
 
 def train_curve_rows(st, lr: float) -> list[dict]:
