@@ -36,7 +36,7 @@ from src.core.errors import PipelineError, require_file
 from src.core.params import ExportParams, load_params
 from src.core.reports import EXPORT_HEADLINE, write_report
 from src.data.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with, load_tokenizers
-from src.graph import onnx_graph
+from src.graph import onnx_graph, score_graph
 from src.graph.verify import write_verified
 from src.nmt import checkpoint
 from src.runtime import generation
@@ -88,6 +88,8 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
          int8_path: Path = typer.Option(paths.ONNX_INT8_MODEL, help="int8 twin to write."),
          fp16_path: Path = typer.Option(paths.ONNX_FP16_MODEL,
                                         help="float16 twin to write (GPUs: runs on CUDA only)."),
+         score_path: Path = typer.Option(paths.ONNX_SCORE_MODEL,
+                                         help="Scoring model to write (src.score)."),
          metrics: Path = typer.Option(paths.EXPORT_METRICS, help="Headline JSON (DVC metrics)."),
          stats: Path = typer.Option(paths.EXPORT_STATS, help="Everything about the export, JSON."),
          ) -> None:
@@ -118,9 +120,11 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         start = time.perf_counter()
         built = onnx_graph.build(model, metadata, cfg.opset,
                                  Path(work) if cfg.quantize else None, cfg.fp16)
+        scorer = score_graph.export_scorer(model, cfg.opset, metadata)
         result = {"export_seconds": round(time.perf_counter() - start, 1)}
         result.update(write_verified(built.fp32, built.int8, (onnx_path, int8_path), model, tok,
-                                     part, cfg, tokenizer_dir, built.fp16, fp16_path, valid))
+                                     part, cfg, tokenizer_dir, built.fp16, fp16_path, valid,
+                                     (scorer, score_path)))
         result.update({"test_sentences": len(part), "onnxruntime": _ort_version()})
         write_report(result, stats, metrics, EXPORT_HEADLINE)
         files = {"fp32": onnx_path, "int8": int8_path if built.int8 is not None else None,

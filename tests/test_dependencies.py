@@ -67,7 +67,7 @@ def test_every_module_imports(module):
 
 
 COMMANDS = {"download", "split", "tokenize_corpus", "train", "evaluate", "export", "infer",
-            "promote", "to_ctranslate2", "text_graph"}
+            "score", "promote", "to_ctranslate2", "text_graph"}
 
 
 def test_the_package_root_holds_the_commands_and_no_command_imports_another():

@@ -660,7 +660,7 @@ def test_text_model_takes_strings_and_returns_strings(project):
     assert [(i.name, i.type.tensor_type.elem_type) for i in graph.input] == [
         ("text", onnx.TensorProto.STRING)]
     assert [(o.name, o.type.tensor_type.elem_type) for o in graph.output] == [
-        ("translation", onnx.TensorProto.STRING)]
+        ("translation", onnx.TensorProto.STRING), ("score", onnx.TensorProto.FLOAT)]
     ops = [n.op_type for n in graph.node]
     assert ops[0] == "SentencepieceTokenizer" and "If" in ops and "Loop" in ops
     assert onnx_graph.beam_search_node(graph).op_type == "BeamSearch"
@@ -1023,3 +1023,64 @@ def test_every_file_carries_the_confidence_curve_fitted_on_valid(project):
     for name in ("model.onnx", "model.int8.onnx", "model.text.onnx", "model.int8.text.onnx"):
         meta = {p.key: p.value for p in onnx.load(str(project / "models" / name)).metadata_props}
         assert confidence.from_metadata(meta) == fitted, name
+
+
+# -- scoring given translations (src.score, models/model.score.onnx) ------------------------------
+def test_the_scoring_file_gives_pytorchs_teacher_forced_log_probabilities(project, tmp_path):
+    from datasets import load_from_disk
+
+    from src.graph.score_graph import token_logprobs
+
+    test = load_from_disk(str(project / "data/tokenized"))["test"]
+    pairs = list(zip(test["source"], test["target"]))[:30]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    result = run_stage(project, "score", str(tsv), "--onnx",
+                       str(project / "models/model.score.onnx"), "--format", "jsonl",
+                       "--batch-size", "7")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["source"], r["target"]) for r in records] == pairs
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    for record, src_ids, tgt_ids in zip(records, test["source_ids"], test["target_ids"]):
+        want = token_logprobs(model, torch.tensor([list(src_ids) + [3]]),
+                              torch.tensor([list(tgt_ids) + [3]]))[0].tolist()
+        assert record["tokens"] == len(want) and record["pieces"][-1] == "</s>"
+        assert max(abs(a - b) for a, b in zip(record["token_logprobs"], want)) < 1e-4
+        assert record["logprob"] == pytest.approx(sum(want), abs=1e-3)
+
+
+def test_a_reference_is_likelier_than_its_garbled_copy(project, tmp_path):
+    """The score orders translations as it must: each test reference against the same
+    characters shuffled."""
+    from datasets import load_from_disk
+
+    test = load_from_disk(str(project / "data/tokenized"))["test"]
+    rng = random.Random(0)
+    rows = []
+    for source, target in list(zip(test["source"], test["target"]))[:40]:
+        garbled = "".join(rng.sample(target, len(target)))
+        rows += [f"{source}\t{target}\n", f"{source}\t{garbled}\n"]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(rows), encoding="utf-8")
+    result = run_stage(project, "score", str(tsv), "--onnx",
+                       str(project / "models/model.score.onnx"))
+    assert result.returncode == 0, result.stderr
+    means = [float(line.split("\t")[2]) for line in result.stdout.splitlines()]
+    better = sum(ref > garbled for ref, garbled in zip(means[::2], means[1::2]))
+    assert better >= 36  # of 40 (a shuffle can leave a short reference nearly as it was)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("Hello.\t你好。\nno tab here\n", "line 2: 1 column(s), expected source<TAB>target"),
+    ("Hello.\t\n", "line 1: empty target"),
+    ("", "holds no pairs"),
+])
+def test_score_refuses_bad_pairs_in_one_line(project, tmp_path, content, fragment):
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text(content, encoding="utf-8")
+    out = tmp_path / "scores.tsv"
+    result = run_stage(project, "score", str(tsv), "--onnx",
+                       str(project / "models/model.score.onnx"), "--output", str(out))
+    assert_one_line_error(result, fragment)
+    assert not out.exists()

@@ -76,8 +76,9 @@ def test_every_exported_file_is_logged_and_the_new_version_becomes_the_candidate
     # built from code (nothing pickled): the file that calls set_model, and the code it imports
     assert logged["python_model"] == str(REPO / "src/runtime/mlflow_model.py")
     assert recorder.code_files == sorted(serving.MODEL_CODE)
-    # the input example carries the signature's params, 0 = the export's defaults
-    assert logged["input_example"] == (["How are you?"], {"beam": 0, "max_length": 0})
+    # the input example carries the signature's params and their defaults (0: the export's)
+    assert logged["input_example"] == (["How are you?"], {"beam": 0, "max_length": 0,
+                                                          "n_best": 1, "return_scores": False})
 
 
 @pytest.mark.parametrize("int8", ["none", "missing"])

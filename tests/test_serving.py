@@ -96,6 +96,21 @@ def test_pyfunc_translates_a_list_and_a_dataframe_like_src_infer(tracking, cli_t
     assert len(greedy) == len(SENTENCES)
 
 
+def test_the_served_model_returns_scored_n_best_lists_when_asked(tracking, cli_translations):
+    import mlflow.pyfunc
+
+    model = mlflow.pyfunc.load_model("models:/nmt-en-zh@candidate")
+    params = [p.name for p in model.metadata.get_params_schema().params]
+    assert {"beam", "max_length", "n_best", "return_scores"} <= set(params)
+    answers = model.predict(SENTENCES, params={"n_best": 2, "return_scores": True})
+    assert [a["translation"] for a in answers] == cli_translations
+    for a in answers:
+        first, second = a["hypotheses"]
+        assert first == {"translation": a["translation"], "score": a["score"]}
+        assert second["score"] <= first["score"] and 0.0 <= a["confidence"] <= 1.0
+    assert model.predict(SENTENCES) == cli_translations  # unchanged without them
+
+
 def post(url: str, body: bytes) -> tuple[int, str]:
     request = urllib.request.Request(f"{url}/invocations", data=body,
                                      headers={"Content-Type": "application/json"})
@@ -122,6 +137,8 @@ def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
             "has 20,000 characters": json.dumps({"inputs": ["word " * 4000]}).encode(),
             "param beam must be a whole number": json.dumps(
                 {"inputs": ["Hi."], "params": {"beam": 1000}}).encode(),
+            "param n_best 5 is more than the beam 3": json.dumps(
+                {"inputs": ["Hi."], "params": {"beam": 3, "n_best": 5}}).encode(),
             "": json.dumps({"inputs": [42]}).encode(),
             " ": b'{"inputs": ["How are',
         }
@@ -132,6 +149,11 @@ def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
         # still serving
         status, body = post(url, json.dumps({"inputs": SENTENCES[:1]}).encode())
         assert status == 200 and json.loads(body)["predictions"] == cli_translations[:1]
+        status, body = post(url, json.dumps({"inputs": SENTENCES[:1],
+                                             "params": {"return_scores": True}}).encode())
+        assert status == 200, body
+        (answer,) = json.loads(body)["predictions"]
+        assert answer["translation"] == cli_translations[0] and answer["score"] < 0
         # the load test, tiny: every request answered, a row per batch size and client count
         rows = tmp_path / "load.json"
         result = subprocess.run(
@@ -217,7 +239,8 @@ def test_mlflow_serves_the_model_in_an_environment_it_builds_with_uv(
 
 def test_src_infer_runs_with_only_the_packages_the_readme_names(project, cli_translations,
                                                                 tmp_path):
-    """The README: `src.infer` needs only onnxruntime, numpy, sentencepiece and typer."""
+    """The README: `src.infer` (and `src.score`) need only onnxruntime, numpy, sentencepiece
+    and typer."""
     readme = (REPO / "README.md").read_text()
     line = next(x for x in readme.splitlines() if x.startswith("`src.infer` needs only"))
     packages = ["onnxruntime", "numpy", "sentencepiece", "typer"]
@@ -231,6 +254,15 @@ def test_src_infer_runs_with_only_the_packages_the_readme_names(project, cli_tra
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == cli_translations
+    # `src.score` too, with the scoring file
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{s}\t{t}\n" for s, t in zip(SENTENCES, cli_translations)),
+                     encoding="utf-8")
+    scored = subprocess.run([str(python), "-m", "src.score", str(pairs), "--onnx",
+                             str(project / "models/model.score.onnx")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert len(scored.stdout.splitlines()) == len(SENTENCES)
 
 
 def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):

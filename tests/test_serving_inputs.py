@@ -11,7 +11,13 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from src.runtime.generation import MAX_BEAM
-from src.runtime.serving import MAX_CHARS, MAX_SENTENCES, as_sentences, search_params
+from src.runtime.serving import (
+    MAX_CHARS,
+    MAX_SENTENCES,
+    Request,
+    as_sentences,
+    search_params,
+)
 
 
 def refused(call, fragment: str) -> None:
@@ -47,33 +53,77 @@ def test_a_request_of_more_sentences_than_the_limit_is_refused():
 
 
 def test_search_params_default_to_the_exports_and_check_their_range():
-    assert search_params(None) == (None, None)
-    assert search_params({"beam": 0, "max_length": 0}) == (None, None)
-    assert search_params({"beam": 4, "max_length": 50}) == (4, 50)
-    assert search_params({"beam": MAX_BEAM, "max_length": 1000}) == (MAX_BEAM, 1000)
+    plain = Request(None, None, 1, False)
+    assert search_params(None, 4) == plain
+    assert search_params({"beam": 0, "max_length": 0}, 4) == plain
+    assert search_params({"beam": 4, "max_length": 50}, 4) == Request(4, 50, 1, False)
+    assert search_params({"beam": MAX_BEAM, "max_length": 1000}, 4) == \
+        Request(MAX_BEAM, 1000, 1, False)
+    assert search_params({"n_best": 3, "return_scores": True}, 4) == Request(None, None, 3, True)
     for bad in ({"beam": MAX_BEAM + 1}, {"beam": -1}, {"beam": 2.5}, {"beam": "4"},
-                {"max_length": 1001}):
+                {"max_length": 1001}, {"n_best": 0}, {"n_best": True}):
         name = next(iter(bad))
-        refused(lambda bad=bad: search_params(bad), f"param {name} must be a whole number")
+        refused(lambda bad=bad: search_params(bad, 4), f"param {name} must be a whole number")
+    refused(lambda: search_params({"return_scores": "yes"}, 4),
+            "param return_scores must be true or false")
+
+
+def test_more_hypotheses_than_the_beam_is_a_bad_request_with_the_reason():
+    refused(lambda: search_params({"n_best": 5}, 4), "param n_best 5 is more than the beam 4")
+    refused(lambda: search_params({"n_best": 3, "beam": 2}, 4),
+            "param n_best 3 is more than the beam 2")
+    assert search_params({"n_best": 6, "beam": 6}, 4).n_best == 6
+
+
+class FakeTranslator:
+    """Upper-cases each sentence; its n-best list adds lower-cased, worse-scored ones."""
+
+    default_beam, scored = 4, True
+
+    def __init__(self):
+        self.calls = []
+
+    def translate(self, sentences, beam, max_length, batch_size):
+        self.calls.append((sentences, beam, max_length, batch_size))
+        return [s.upper() for s in sentences]
+
+    def translate_scored(self, sentences, beam, max_length, batch_size, n_best):
+        from src.runtime.generation import Scored
+
+        self.calls.append((sentences, beam, max_length, batch_size, n_best))
+        return [tuple(Scored(s.upper() if k == 0 else s + str(k), -0.5 * (k + 1), 2)
+                      for k in range(n_best)) if s else () for s in sentences]
+
+    def confidence(self, best):
+        return 0.25
 
 
 def test_predict_checks_the_request_and_hands_the_translator_its_settings():
     from src.runtime.serving import TranslationModel
 
-    calls = []
-
-    class Translator:
-        def translate(self, sentences, beam, max_length, batch_size):
-            calls.append((sentences, beam, max_length, batch_size))
-            return [s.upper() for s in sentences]
-
     model = TranslationModel()
-    model.translator = Translator()
+    model.translator = FakeTranslator()
+    calls = model.translator.calls
     assert model.predict(None, ["a", "b"], {"beam": 2}) == ["A", "B"]
     assert model.predict(None, ["c"]) == ["C"]
     assert model.predict(None, ["d"], {"max_length": 40}) == ["D"]
     assert calls == [(["a", "b"], 2, None, 32), (["c"], None, None, 32), (["d"], None, 40, 32)]
     refused(lambda: model.predict(None, []), "no sentences")
+
+
+def test_scores_and_n_best_lists_come_as_objects_only_when_asked_for():
+    from src.runtime.serving import TranslationModel
+
+    model = TranslationModel()
+    model.translator = FakeTranslator()
+    assert model.predict(None, ["a"], {"return_scores": True}) == [
+        {"translation": "A", "score": -0.5, "confidence": 0.25}]
+    assert model.predict(None, ["a", ""], {"n_best": 2}) == [
+        {"translation": "A", "hypotheses": [{"translation": "A"}, {"translation": "a1"}]},
+        {"translation": "", "hypotheses": []}]
+    both = model.predict(None, ["b"], {"n_best": 2, "return_scores": True})[0]
+    assert both["hypotheses"] == [{"translation": "B", "score": -0.5},
+                                  {"translation": "b1", "score": -1.0}]
 
 
 @pytest.mark.parametrize("environ, threads", [

@@ -45,6 +45,7 @@ EXPORT_METRICS = MODELS / "export_metrics.json"
 EXPORT_STATS = MODELS / "export_stats.json"
 ONNX_INT8_MODEL = MODELS / "model.int8.onnx"
 ONNX_FP16_MODEL = MODELS / "model.fp16.onnx"  # for GPUs: ONNX Runtime runs it on CUDA only
+ONNX_SCORE_MODEL = MODELS / "model.score.onnx"  # teacher-forced log-probabilities (src.score)
 
 
 def text_twin(generation_model: Path) -> Path:

@@ -20,7 +20,7 @@ from src.core.errors import PipelineError
 from src.core.params import ExportParams
 from src.core.scoring import score as corpus_scores
 from src.core.scoring import sentence_chrf
-from src.core.special_ids import PAD
+from src.core.special_ids import EOS, PAD
 from src.data.batching import clip_source
 from src.data.subword import Tokenizers
 from src.graph import text_graph
@@ -114,6 +114,38 @@ def calibrate(path: Path, model, tok: Tokenizers, valid, cfg: ExportParams
     features = [confidence.mean_logp(best.score, tokens, cfg.length_penalty)
                 for best, tokens in found]
     return confidence.fit(features, [c >= confidence.CHRF_THRESHOLD for c in chrf])
+
+
+SCORE_TOLERANCE = 1e-4  # |ONNX - PyTorch| of any token's log-probability in the scoring file
+
+
+def check_scorer(path: Path, model, part, cfg: ExportParams) -> dict:
+    """The scoring file's token log-probabilities against PyTorch's teacher forcing on
+    `export.parity_sentences` test pairs; raises PipelineError beyond SCORE_TOLERANCE."""
+    import numpy as np
+    import torch
+
+    from src.graph.score_graph import token_logprobs
+    from src.runtime.forced import SCORE_INPUTS, SCORE_OUTPUT
+
+    check_graph(path)
+    session = open_session(path)
+    sources = [clip_source(ids, model.max_positions)
+               for ids in list(part["source_ids"])[: cfg.parity_sentences]]
+    eos = EOS
+    targets = [list(ids)[: model.max_positions - 2] + [eos]
+               for ids in list(part["target_ids"])[: cfg.parity_sentences]]
+    worst = 0.0
+    for idx in length_sorted_batches(targets, cfg.batch_size):
+        src = generation.pad_rows([sources[i] for i in idx], PAD)
+        tgt = generation.pad_rows([targets[i] for i in idx], PAD)
+        got = session.run([SCORE_OUTPUT], {SCORE_INPUTS[0]: src, SCORE_INPUTS[1]: tgt})[0]
+        want = token_logprobs(model, torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
+        worst = max(worst, float(np.abs(got - want).max()))
+    if not worst <= SCORE_TOLERANCE:
+        raise PipelineError(f"{path.name}: token log-probabilities differ from PyTorch's by up "
+                            f"to {worst:.2e} (> {SCORE_TOLERANCE:g}); neither file written")
+    return {"score_checked": len(targets), "score_max_difference": worst}
 
 
 def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
@@ -255,11 +287,13 @@ def check_int8_quality(fp32: dict, int8: dict, sentences: int, cfg: ExportParams
 
 def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokenizers, part,
                    cfg: ExportParams, tokenizer_dir: Path, fp16=None,
-                   fp16_path: Path | None = None, valid=None) -> dict:
+                   fp16_path: Path | None = None, valid=None,
+                   scorer: tuple[onnx.ModelProto, Path] | None = None) -> dict:
     """The files and their text twins are written to temporary siblings, checked and scored,
     and only then moved into place together: a failure (say, in the int8 check) leaves the old
     files untouched, never a new model.onnx beside a stale model.int8.onnx (or fp16). With a
-    `valid` split, every file gets model.onnx's confidence curve fitted on it."""
+    `valid` split, every file gets model.onnx's confidence curve fitted on it; `scorer` (the
+    scoring graph and its path) is checked against PyTorch and written with them."""
     onnx_path, int8_path = paths_out
     result: dict = {}
     scores = {}
@@ -291,6 +325,10 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
             result.update(check_fp16(tmp16, fp16, fp32, model,
                                      list(part["source_ids"])[: cfg.parity_sentences], cfg))
             result["fp16_size_mb"] = round(tmp16.stat().st_size / 1e6, 2)
+        if scorer is not None:
+            score_tmp = stack.enter_context(atomic_path(scorer[1]))
+            onnx.save(scorer[0], score_tmp)
+            result.update(check_scorer(score_tmp, model, part, cfg))
         sentences = list(part["source"])[: cfg.parity_sentences]
         for name, generation_tmp in written.items():
             final = onnx_path if name == "fp32" else int8_path

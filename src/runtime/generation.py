@@ -487,12 +487,20 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provide
             raise PipelineError(f"{model_path} is a text model with its tokenizer inside; "
                                 f"drop --tokenizer")
         return TextTranslator(session, meta)
-    import sentencepiece as spm
-
     if meta.get("format") != GRAPH_FORMAT:
         raise PipelineError(f"{model_path} is not a translation model written by src.export "
                             f"(metadata format {meta.get('format')!r}, expected {GRAPH_FORMAT})")
-    tokenizer_dir = Path(tokenizer_dir or model_path.parent / "tokenizer")
+    return Translator(session, meta, *load_tokenizers_for(model_path, tokenizer_dir, meta),
+                      warn=warn)
+
+
+def load_tokenizers_for(model_path: Path, tokenizer_dir: Path | None,
+                        meta: Mapping[str, str]) -> tuple:
+    """The source and target SentencePiece models of a file: in `tokenizer_dir`, or in
+    `tokenizer/` beside it, checked against the fingerprints its export recorded."""
+    import sentencepiece as spm
+
+    tokenizer_dir = Path(tokenizer_dir or Path(model_path).parent / "tokenizer")
     processors = []
     for side in ("source", "target"):
         path = tokenizer_dir / f"{side}.model"
@@ -501,6 +509,6 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provide
         if tokenizer_fingerprint(tokenizer_dir, side) != meta.get(f"{side}_tokenizer_sha256"):
             raise PipelineError(f"tokenizer {path} does not match the model (its sha256 differs "
                                 f"from the one recorded at export): use the tokenizer exported "
-                                f"with {model_path.name}")
+                                f"with {Path(model_path).name}")
         processors.append(spm.SentencePieceProcessor(model_file=str(path)))
-    return Translator(session, meta, *processors, warn=warn)
+    return tuple(processors)

@@ -6,9 +6,14 @@ exported ONNX graph through src/runtime/generation.py (no torch at serving time)
     mlflow models serve -m models:/nmt-en-zh@candidate --env-manager local
 
 `export` logs it with model.onnx, model.int8.onnx and the SentencePiece models as artifacts, a
-list[str] -> list[str] signature (from predict's type hints) whose params are `beam` and
-`max_length` (0: the export's defaults), and requirements without torch; it registers a new
-version of `nmt-<src>-<tgt>` and points the alias `candidate` at it.
+signature from predict's type hints whose params are `beam` and `max_length` (0: the export's
+defaults), `n_best` (1) and `return_scores` (false), and requirements without torch; it
+registers a new version of `nmt-<src>-<tgt>` and points the alias `candidate` at it.
+
+With the default params a request gets a list of strings, as always. With `return_scores` or
+`n_best` > 1 each sentence gets an object instead: `translation`, with `return_scores` its
+`score` and `confidence` (src/runtime/confidence.py), with `n_best` > 1 its `hypotheses`
+(`translation` and, with scores, `score` each, best first). docs/serving.md shows both.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +44,8 @@ EXAMPLE = ["How are you?"]
 MODEL_CODE = ("__init__.py", "core/__init__.py", "core/errors.py", "core/paths.py",
               "core/special_ids.py",
               "data/__init__.py", "data/subword.py", "runtime/__init__.py",
-              "runtime/generation.py", "runtime/mlflow_model.py", "runtime/placement.py",
-              "runtime/serving.py")
+              "runtime/confidence.py", "runtime/generation.py", "runtime/mlflow_model.py",
+              "runtime/placement.py", "runtime/serving.py")
 
 
 def bad_request(message: str):
@@ -79,17 +85,42 @@ def as_sentences(model_input) -> list[str]:
     return model_input
 
 
-def search_params(params: dict | None) -> tuple[int | None, int | None]:
-    """`beam` and `max_length` from the request (0 or absent: the export's defaults)."""
+@dataclass(frozen=True)
+class Request:
+    """The params of one request, checked."""
+
+    beam: int | None  # None: the export's
+    max_length: int | None
+    n_best: int
+    return_scores: bool
+
+    @property
+    def rich(self) -> bool:
+        """Objects instead of strings."""
+        return self.return_scores or self.n_best > 1
+
+
+def search_params(params: dict | None, default_beam: int) -> Request:
+    """`beam` and `max_length` (0 or absent: the export's defaults), `n_best` (absent: 1; at
+    most the beam) and `return_scores` (absent: false) from the request."""
     params = params or {}
     values = {}
-    for name, top in (("beam", MAX_BEAM), ("max_length", 1_000)):
-        value = params.get(name) or 0
-        if not isinstance(value, int) or not 0 <= value <= top:
-            raise bad_request(f"param {name} must be a whole number from 0 to {top}, "
+    for name, low, top in (("beam", 0, MAX_BEAM), ("max_length", 0, 1_000),
+                           ("n_best", 1, MAX_BEAM)):
+        value = params.get(name, 1 if name == "n_best" else 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
+            raise bad_request(f"param {name} must be a whole number from {low} to {top}, "
                               f"not {value!r}")
-        values[name] = value or None
-    return values["beam"], values["max_length"]
+        values[name] = value
+    return_scores = params.get("return_scores", False)
+    if not isinstance(return_scores, bool):
+        raise bad_request(f"param return_scores must be true or false, not {return_scores!r}")
+    beam = values["beam"] or default_beam
+    if values["n_best"] > beam:
+        raise bad_request(f"param n_best {values['n_best']} is more than the beam {beam}: a "
+                          f"search returns at most as many hypotheses as its beam (raise beam)")
+    return Request(values["beam"] or None, values["max_length"] or None, values["n_best"],
+                   return_scores)
 
 
 THREADS_VARIABLE = "NMT_THREADS"  # ONNX Runtime threads per request of a served model
@@ -127,10 +158,33 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
     # The type hints are the signature: MLflow checks requests against them strictly (a number
     # or a null is a 400, not the string "42"), where a column schema would convert them.
     def predict(self, context, model_input: list[str], params: dict[str, Any] | None = None
-                ) -> list[str]:
+                ) -> list[str | dict[str, Any]]:
         sentences = as_sentences(model_input)
-        beam, max_length = search_params(params)
-        return self.translator.translate(sentences, beam, max_length, batch_size=32)
+        request = search_params(params, self.translator.default_beam)
+        if not request.rich:
+            return self.translator.translate(sentences, request.beam, request.max_length,
+                                             batch_size=32)
+        if request.return_scores and not self.translator.scored:
+            raise bad_request("this model version was exported before scores: re-export it "
+                              "for return_scores")
+        found = self.translator.translate_scored(sentences, request.beam, request.max_length,
+                                                 batch_size=32, n_best=request.n_best)
+        return [answer(hyps, request, self.translator) for hyps in found]
+
+
+def answer(hyps: tuple, request: Request, translator) -> dict[str, Any]:
+    """One sentence's object: its translation, score and confidence (with return_scores), its
+    hypotheses (with n_best > 1). A blank sentence has an empty translation and no score."""
+    best = hyps[0] if hyps else None
+    out: dict[str, Any] = {"translation": best.text if best else ""}
+    if request.return_scores:
+        out["score"] = best.score if best else None
+        out["confidence"] = translator.confidence(best) if best else None
+    if request.n_best > 1:
+        out["hypotheses"] = [{"translation": h.text, **({"score": h.score}
+                                                         if request.return_scores else {})}
+                             for h in hyps]
+    return out
 
 
 def requirements(text_models: bool = False) -> list[str]:
@@ -184,8 +238,10 @@ def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
             name="translator",
             python_model=str(Path(__file__).with_name("mlflow_model.py")),
             artifacts=artifacts,
-            # (input, params): the signature's params `beam` and `max_length`, 0 = the defaults
-            input_example=(EXAMPLE, {"beam": 0, "max_length": 0}),
+            # (input, params): the signature's params and their defaults (beam, max_length 0:
+            # the export's)
+            input_example=(EXAMPLE, {"beam": 0, "max_length": 0, "n_best": 1,
+                                     "return_scores": False}),
             pip_requirements=requirements(text_models),
             code_paths=[str(code)],
             registered_model_name=registered_name,
