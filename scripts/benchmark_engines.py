@@ -10,6 +10,11 @@ beam x batch x precision x thread count asked for. Needs the optional extra:
     python scripts/benchmark_engines.py                                  # everything
     python scripts/benchmark_engines.py --sentences 300 --threads 1 --json out.json
 
+`--scores` makes both engines return each translation's score (CTranslate2 `return_scores`),
+`--n-best N` N scored hypotheses per sentence (CTranslate2 `num_hypotheses`), so each clock
+holds that work too. `--baseline DIR` times a third engine: our files in DIR (the same weights
+exported by other code, e.g. before a change), alternating with the others.
+
 Not a test: timings need an otherwise idle machine. Each engine is timed in a process of its
 own that imports neither torch nor the other engine (`--worker`; with torch in the process,
 CTranslate2 ran 5x slower at two threads): this process converts the model (torch) and only
@@ -39,7 +44,8 @@ from src.runtime import generation  # noqa: E402  (no onnxruntime until a sessio
 
 SCRIPT = Path(__file__).resolve()
 # What no timing process may hold: torch, and the other engine's runtime.
-FOREIGN = {"ours": ("torch", "ctranslate2"), "ctranslate2": ("torch", "onnxruntime")}
+FOREIGN = {"ours": ("torch", "ctranslate2"), "ours_baseline": ("torch", "ctranslate2"),
+           "ctranslate2": ("torch", "onnxruntime")}
 
 
 class Ct2Engine:
@@ -65,6 +71,7 @@ class Ct2Engine:
         self.target_pieces = pieces(self.target)
         self.eos_piece = self.source.id_to_piece(int(meta["eos_id"]))
         self.meta = meta
+        self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
 
     def run(self, lines: list[str], beam: int) -> list[str]:
         tokens = [self.source.encode(line, out_type=str)[: self.limit() - 1] + [self.eos_piece]
@@ -72,9 +79,12 @@ class Ct2Engine:
         new_tokens = generation.max_new_tokens(
             max(len(t) for t in tokens), float(self.meta["max_length_ratio"]),
             int(self.meta["max_output_tokens"]))
+        extra = {}
+        if self.scores or self.n_best > 1:
+            extra = {"return_scores": True, "num_hypotheses": self.n_best}
         results = self.translator.translate_batch(
             tokens, **self.options(self.target_pieces, beam, new_tokens,
-                                  float(self.meta["length_penalty"])))
+                                  float(self.meta["length_penalty"])), **extra)
         # As our decoders do: drop stray byte pieces, so both engines are scored alike.
         return [drop_broken_bytes(self.target.decode(r.hypotheses[0])) for r in results]
 
@@ -90,8 +100,13 @@ class OnnxEngine:
         self.translator = generation.load_translator(path, provider=spec["device"],
                                                      threads=spec["threads"],
                                                      warn=lambda _: None)
+        self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
 
     def run(self, lines: list[str], beam: int) -> list[str]:
+        if self.scores or self.n_best > 1:
+            found = self.translator.translate_scored(lines, beam, None, batch_size=len(lines),
+                                                     n_best=self.n_best)
+            return [hyps[0].text if hyps else "" for hyps in found]
         return self.translator.translate(lines, beam, None, batch_size=len(lines))
 
 
@@ -105,7 +120,7 @@ def translate_all(engine, lines: list[str], batch_size: int, beam: int,
     return out, time.perf_counter() - start
 
 
-ENGINES = {"ours": OnnxEngine, "ctranslate2": Ct2Engine}
+ENGINES = {"ours": OnnxEngine, "ours_baseline": OnnxEngine, "ctranslate2": Ct2Engine}
 
 
 def engine_class(name: str):
@@ -180,6 +195,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="passes per engine, engines alternating, each in a new process; "
                              "the fastest pass counts (this machine's run-to-run noise is ~20%%)")
+    parser.add_argument("--scores", action="store_true",
+                        help="both engines also return each translation's score")
+    parser.add_argument("--n-best", type=int, default=1,
+                        help="both engines return this many scored hypotheses per sentence")
+    parser.add_argument("--baseline", type=Path,
+                        help="a dir of our files (same weights, other code) timed as a third "
+                             "engine, ours_baseline")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one timing process
     args = parser.parse_args()
@@ -187,6 +209,8 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker.read_text(encoding="utf-8")))))
         return
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    if args.n_best > min(ints(args.beams)):
+        parser.error(f"--n-best {args.n_best} needs every beam of --beams to be at least that")
     if args.device == "cuda":
         require_gpu()
     tokenizer_dir = args.models / "tokenizer"
@@ -205,7 +229,10 @@ def main() -> None:
 
         ct2_dir = convert(args.models / "model.pt", tokenizer_dir, Path(work) / "ct2")
         base = {"models": str(args.models), "ct2_dir": str(ct2_dir),
-                "tokenizer_dir": str(tokenizer_dir), "meta": meta, "device": args.device}
+                "tokenizer_dir": str(tokenizer_dir), "meta": meta, "device": args.device,
+                "scores": args.scores, "n_best": args.n_best}
+        names = ["ours", "ctranslate2"] + (["ours_baseline"] if args.baseline else [])
+        models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
 
         def passes(precision, threads, cells, lines, repeats, keep_outputs=False):
             """Each engine `repeats` times, alternating, each pass a new process; the
@@ -214,8 +241,9 @@ def main() -> None:
             outputs: dict[str, dict] = {}
             shown = {i: n for i, n in lengths.items() if i < len(lines)}
             for _ in range(repeats):
-                for name in ("ours", "ctranslate2"):
+                for name in names:
                     spec = {**base, "engine": name, "precision": precision,
+                            "models": models_of.get(name, base["models"]),
                             "threads": threads, "cells": cells, "lines": lines,
                             "lengths": shown, "keep_outputs": keep_outputs and name not in outputs}
                     result = run_worker(spec, Path(work))
@@ -227,10 +255,12 @@ def main() -> None:
 
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
         for precision in precisions:
-            _, outputs = passes(precision, 2, [[4, 32]], sources, 1, keep_outputs=True)
-            ours, theirs = outputs["ours"]["4,32"], outputs["ctranslate2"]["4,32"]
+            beam = max(4, args.n_best)
+            _, outputs = passes(precision, 2, [[beam, 32]], sources, 1, keep_outputs=True)
+            ours, theirs = (outputs["ours"][f"{beam},32"],
+                            outputs["ctranslate2"][f"{beam},32"])
             same = sum(a == b for a, b in zip(ours, theirs)) / len(ours)
-            row = {"kind": "quality", "precision": precision, "beam": 4, "batch": 32,
+            row = {"kind": "quality", "precision": precision, "beam": beam, "batch": 32,
                    "sentences": len(sources), "bleu_ours": bleu(ours, references, target_lang),
                    "bleu_ctranslate2": bleu(theirs, references, target_lang),
                    "identical": round(same, 4)}
@@ -246,12 +276,16 @@ def main() -> None:
                 for beam, size in cells:
                     row = {"kind": "speed", "precision": precision, "threads": threads,
                            "beam": beam, "batch": size, "sentences": len(lines),
-                           "repeats": args.repeats}
-                    for name in ("ours", "ctranslate2"):
+                           "repeats": args.repeats, "scores": args.scores,
+                           "n_best": args.n_best}
+                    for name in names:
                         seconds = best[name][f"{beam},{size}"]
                         row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)
                     row["ours_vs_ctranslate2"] = round(
                         row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
+                    if args.baseline:
+                        row["ours_vs_baseline"] = round(
+                            row["ours_sent_per_s"] / row["ours_baseline_sent_per_s"], 3)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     print_table(rows)

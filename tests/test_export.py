@@ -874,6 +874,30 @@ def test_engine_benchmark_checks_both_engines_agree(project, tmp_path):
             for r in speed] == [(1, 1, 4, 8, 2)]
 
 
+def test_engine_benchmark_times_n_best_lists_and_a_baseline(project, tmp_path):
+    """--n-best 2 makes both engines return two scored hypotheses (their first ones still
+    agree); --baseline times our files of another dir as a third engine."""
+    out = tmp_path / "engines.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--models",
+         str(project / "models"), "--split-dir", str(project / "data/tokenized"),
+         "--sentences", "8", "--threads", "1", "--beams", "2", "--batches", "4",
+         "--precisions", "fp32", "--repeats", "1", "--n-best", "2", "--baseline",
+         str(project / "models"), "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    quality = [r for r in rows if r["kind"] == "quality"]
+    assert quality[0]["identical"] == 1.0 and quality[0]["beam"] == 4
+    (speed,) = [r for r in rows if r["kind"] == "speed"]
+    assert speed["n_best"] == 2 and speed["ours_baseline_sent_per_s"] > 0
+    assert "ours_vs_baseline" in speed
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--beams", "1,4",
+         "--n-best", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--n-best 2 needs every beam" in refused.stderr
+
+
 def test_profile_script_shares_the_run_out_by_operator(project):
     """scripts/profile_file.py on the tiny int8 model: the search's control nodes listed
     apart, the int8 products among the leaf operators, every share below 100%."""
