@@ -121,6 +121,7 @@ def main(
             "samples.json",
         )
         run.log_artifact(translations, "evaluate")
+        run.log_artifact(risk_coverage, "evaluate")
     for name, (one, sources, _, _) in outputs.items():
         by_length = ", ".join(f"{bucket} {one[f'bleu_{bucket}']}"
                               for bucket, _, _ in LENGTH_BUCKETS if f"bleu_{bucket}" in one)
