@@ -93,6 +93,16 @@ class CrossAttentionKV(nn.Module):
         return tuple(t for kv in self.model.cross_kv(memory) for t in kv)  # 2L x (B, H, S, dh)
 
 
+def ban_bias(vocab: int) -> Tensor:
+    """-inf on the banned ids, as src.nmt.search sets them, so ORT's log-softmax equals
+    PyTorch's on the other tokens. It is the output projection's bias (x + 0 = x and
+    x - inf = -inf exactly): one Gemm, where a masked_fill over every logit was ~5% of the
+    decoder's time in ORT's profile."""
+    ban = torch.zeros(vocab)
+    ban[list(BANNED)] = float("-inf")
+    return ban
+
+
 class DecoderStep(nn.Module):
     """Decoder subgraph: one token with the self-attention cache -> logits and the grown cache.
 
@@ -101,13 +111,7 @@ class DecoderStep(nn.Module):
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
-        # -inf on the banned ids, as src.nmt.search sets them, so ORT's log-softmax equals
-        # PyTorch's on the other tokens. It is the projection's bias (x + 0 = x and
-        # x - inf = -inf exactly): one Gemm, where a masked_fill over every logit was ~5% of
-        # the decoder's time in ORT's profile.
-        ban = torch.zeros(model.config.tgt_vocab)
-        ban[list(BANNED)] = float("-inf")
-        self.register_buffer("ban", ban, persistent=False)
+        self.register_buffer("ban", ban_bias(model.config.tgt_vocab), persistent=False)
         self.qkv = nn.ModuleList(onnx_attention.QKV(layer.self_attn) for layer in model.decoder)
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, kv: tuple[Tensor, ...]):
@@ -121,7 +125,7 @@ class DecoderStep(nn.Module):
 
 
 @contextlib.contextmanager
-def _quiet_export():
+def quiet_export():
     """torch.onnx prints progress, warns about torchvision, quantize_dynamic logs advice: hush."""
     names = ("", "torch.onnx", "torch.export", "onnxscript")  # "": quantize_dynamic's root logs
     loggers = [logging.getLogger(name) for name in names]
@@ -146,7 +150,7 @@ def export_subgraphs(model: Transformer, opset: int) -> tuple[onnx.ModelProto, o
     ids = torch.full((batch, src_len), 4, dtype=torch.int32)
     mask = torch.ones(batch, src_len, dtype=torch.int32)
     b, s, t = torch.export.Dim("batch"), torch.export.Dim("src_len"), torch.export.Dim("past_len")
-    with _quiet_export(), torch.no_grad():
+    with quiet_export(), torch.no_grad():
         encoder = torch.onnx.export(
             CrossAttentionKV(model), (ids, mask), dynamo=True, opset_version=opset,
             custom_translation_table=onnx_attention.TRANSLATIONS,
@@ -225,7 +229,7 @@ def quantize_subgraph(model: onnx.ModelProto, work_dir: Path) -> onnx.ModelProto
     model = onnx.ModelProto.FromString(model.SerializeToString())  # work on a copy
     gemm_weights_as_matmul(model.graph)
     onnx.save(model, fp32)
-    with _quiet_export():
+    with quiet_export():
         quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, per_channel=True)
     quantized = onnx.load(int8)
     fp32.unlink()
@@ -473,7 +477,7 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     the decoder's logits and its past/present in one type), by ONNX Runtime's own converter."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    with _quiet_export():
+    with quiet_export():
         return convert_float_to_float16(onnx.ModelProto.FromString(model.SerializeToString()),
                                         keep_io_types=False)
 

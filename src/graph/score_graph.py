@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from onnx import helper
 from torch import Tensor, nn
 
-from src.core.special_ids import BANNED, BOS, PAD
-from src.graph.onnx_graph import IR_VERSION, _quiet_export
+from src.core.special_ids import BOS, PAD
+from src.graph.onnx_graph import IR_VERSION, ban_bias, quiet_export
 from src.nmt.model import Transformer
 from src.runtime.forced import SCORE_FORMAT, SCORE_INPUTS, SCORE_OUTPUT
 
@@ -32,9 +32,7 @@ class ForcedScore(nn.Module):
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
-        ban = torch.zeros(model.config.tgt_vocab)
-        ban[list(BANNED)] = float("-inf")
-        self.register_buffer("ban", ban, persistent=False)
+        self.register_buffer("ban", ban_bias(model.config.tgt_vocab), persistent=False)
 
     def forward(self, source_ids: Tensor, target_ids: Tensor) -> Tensor:
         target = target_ids.long()
@@ -60,7 +58,7 @@ def export_scorer(model: Transformer, opset: int, metadata: dict[str, str]) -> o
     source = torch.full((2, 5), 4, dtype=torch.int32)
     target = torch.full((2, 4), 5, dtype=torch.int32)
     b, s, t = torch.export.Dim("batch"), torch.export.Dim("src_len"), torch.export.Dim("tgt_len")
-    with _quiet_export(), torch.no_grad():
+    with quiet_export(), torch.no_grad():
         proto = torch.onnx.export(
             ForcedScore(model), (source, target), dynamo=True, opset_version=opset,
             input_names=list(SCORE_INPUTS), output_names=[SCORE_OUTPUT],
