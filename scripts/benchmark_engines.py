@@ -82,9 +82,9 @@ class Ct2Engine:
         extra = {}
         if self.scores or self.n_best > 1:
             extra = {"return_scores": True, "num_hypotheses": self.n_best}
-        results = self.translator.translate_batch(
-            tokens, **self.options(self.target_pieces, beam, new_tokens,
-                                  float(self.meta["length_penalty"])), **extra)
+        options = self.options(self.target_pieces, beam, new_tokens,
+                               float(self.meta["length_penalty"]))
+        results = self.translator.translate_batch(tokens, **(options | extra))
         # As our decoders do: drop stray byte pieces, so both engines are scored alike.
         return [drop_broken_bytes(self.target.decode(r.hypotheses[0])) for r in results]
 
