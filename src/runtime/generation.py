@@ -297,7 +297,12 @@ class LoadedModel:
             return None
         feature = confidence.mean_logp(best.score, best.tokens,
                                        float(self.meta["length_penalty"]))
-        return confidence.confidence(feature, confidence.from_metadata(self.meta))
+        return confidence.confidence(feature, self.calibration)
+
+    @cached_property
+    def calibration(self) -> confidence.Calibration | None:
+        """The confidence curve in the file's metadata (read once, not per sentence)."""
+        return confidence.from_metadata(self.meta)
 
 
 @dataclass(frozen=True)
