@@ -106,9 +106,10 @@ def has_scores(meta: Mapping[str, str]) -> bool:
 
 def run_search(session, src: np.ndarray, new_tokens: int, beam: int, length_penalty: float,
                pad: int = 0) -> list[list[int]]:
-    sequences = session.run(["sequences"], search_feeds(src, new_tokens, beam,
-                                                        length_penalty))[0]
-    return parse_sequences(sequences, pad)
+    """The best hypothesis's token ids per row (its score not asked for)."""
+    found = run_search_scored(session, src, new_tokens, beam, length_penalty, pad,
+                              scored=False)
+    return [hyps[0].ids for hyps in found]
 
 
 def run_search_scored(session, src: np.ndarray, new_tokens: int, beam: int,
