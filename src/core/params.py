@@ -196,6 +196,9 @@ class SplitParams(Section):
     valid_size: float = Field(gt=0)  # < 1: fraction of source sentences; >= 1: their count
     test_size: float = Field(gt=0)
     max_chars: int = Field(gt=0)  # longer lines (either side) are dropped and counted
+    # share of the training source sentences kept (seeded; valid and test are the same whatever
+    # it is): a parent trained on part of the data, then fine-tuned on all of it
+    train_fraction: float = Field(default=1.0, gt=0, le=1)
 
     @field_validator("valid_size", "test_size")
     @classmethod
