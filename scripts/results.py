@@ -50,43 +50,48 @@ def millions(n: int | None) -> str:
     return f"{n / 1e6:.2f}M" if n else "n/a"
 
 
-def default_run(run: dict, decoding: dict, experiments: dict[str, dict]) -> list[str]:
-    t, test, ex = run["train"], run["test"], run["export"]
-    lines = [
-        "## The default recipe",
-        "",
-        f"`{run['command']}` at commit `{run['commit']}` ({run['date']}; {run['machine']}).",
-        "",
-        *table(
-            ["measure", "value"],
-            [
-                # a run stopped and resumed has step time but no single wall-clock figure
-                ["wall time, all six stages", f"{run['wall_minutes']} min"
-                 if run["wall_minutes"] is not None else run["wall_note"]],
-                ["training", f"{t['epochs']} epochs, {t['steps']:,} steps, "
-                             f"{t['train_minutes']} min, {t['tokens_per_s']:,} tokens/s"],
-                ["parameters", f"{t['n_parameters']:,}"],
-                ["split (pairs)", f"train {run['split']['train']:,} / valid "
-                                  f"{run['split']['valid']:,} / test {run['split']['test']:,}"],
-                [f"test BLEU (sacreBLEU `{test['bleu_tokenizer']}`, beam {test['beam_size']})",
-                 f"**{test['bleu']}**"],
-                ["test chrF", test["chrf"]],
-                ["brevity penalty", test["brevity_penalty"]],
-                ["hypotheses with `<unk>`", test["hypotheses_with_unk"]],
+def default_run(runs: list[dict], decoding: dict, experiments: dict[str, dict]) -> list[str]:
+    """The default recipe, one column per published run (newest first): the same recipe on
+    different machines and precisions gives different numbers, and each column says whose."""
+    def column(run: dict) -> list:
+        t, test = run["train"], run["test"]
+        # a run stopped and resumed has step time but no single wall-clock figure
+        wall = (f"{run['wall_minutes']} min" if run["wall_minutes"] is not None
+                else run["wall_note"])
+        return [f"{run.get('precision', 'fp32')}, {run.get('cpu', run['machine'])}",
+                f"`{run['commit']}`, {run['date']}", wall,
+                f"{t['epochs']} epochs, {t['steps']:,} steps, {t['train_minutes']} min, "
+                f"{t['tokens_per_s']:,} tokens/s", f"{t['n_parameters']:,}",
+                f"train {run['split']['train']:,} / valid {run['split']['valid']:,} / test "
+                f"{run['split']['test']:,}", f"**{test['bleu']}**", test["chrf"],
+                test["brevity_penalty"], test["hypotheses_with_unk"],
+                test["hypotheses_with_replacement_char"],
+                *[b["bleu"] for b in run["bleu_by_source_words"]]]
+
+    first = runs[0]
+    measures = ["precision, CPU", "commit, date", "wall time", "training", "parameters",
+                "split (pairs)",
+                f"test BLEU (sacreBLEU `{first['test']['bleu_tokenizer']}`, beam "
+                f"{first['test']['beam_size']})", "test chrF", "brevity penalty",
+                "hypotheses with `<unk>`",
                 # byte-fallback pieces that do not form valid UTF-8 decode to U+FFFD
-                ["hypotheses with U+FFFD", test["hypotheses_with_replacement_char"]],
-            ],
-        ),
-        "BLEU by source length (same run, test split):",
-        "",
-        *table(["source length", "rows", "BLEU"],
-               [[b["bucket"], f"{b['rows']:,}", b["bleu"]] for b in run["bleu_by_source_words"]]),
-        f"Export of that model (`python -m src.export`): greedy parity {ex['greedy_parity']:.0%}, "
-        f"beam parity {ex['beam_parity']:.0%} on {ex['parity_sentences']} test sentences; "
-        f"`model.onnx` {ex['fp32_size_mb']} MB, BLEU {ex['fp32_bleu']}; `model.int8.onnx` "
-        f"{ex['int8_size_mb']} MB, BLEU {ex['int8_bleu']} (same output as fp32 on "
-        f"{ex['int8_same_as_fp32']:.1%} of test sentences).",
-        "",
+                "hypotheses with U+FFFD",
+                *[f"BLEU, sources {b['bucket']} ({b['rows']:,} rows)"
+                  for b in first["bleu_by_source_words"]]]
+    columns = [column(run) for run in runs]
+    lines = ["## The default recipe", ""]
+    lines += [f"- `{run['command']}` ({run['machine']})" for run in runs]
+    lines += ["", *table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
+                         [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])]
+    for i, run in enumerate(runs):
+        ex = run["export"]
+        lines += [f"Export of run {i + 1}'s model (`python -m src.export`): greedy parity "
+                  f"{ex['greedy_parity']:.0%}, beam parity {ex['beam_parity']:.0%} on "
+                  f"{ex['parity_sentences']} test sentences; `model.onnx` {ex['fp32_size_mb']} "
+                  f"MB, BLEU {ex['fp32_bleu']}; `model.int8.onnx` {ex['int8_size_mb']} MB, BLEU "
+                  f"{ex['int8_bleu']} (same output as fp32 on {ex['int8_same_as_fp32']:.1%} of "
+                  "test sentences).", ""]
+    lines += [
         "## Decoding and checkpoint choices",
         "",
     ]
@@ -280,8 +285,9 @@ def render(docs: Path = DOCS) -> str:
         "before). Tables measured since name theirs.",
         "",
     ]
-    lines += default_run(load_json(bench, "default_run.json"), load_json(bench, "decoding.json"),
-                         by_name)
+    runs = [load_json(bench, "default_run.json")] + [
+        load_json(bench, p.name) for p in sorted(bench.glob("default_run_*.json"))]
+    lines += default_run(runs, load_json(bench, "decoding.json"), by_name)
     lines += training_speed_by_precision(load_json(bench, "train_speed.json"))
     lines += training_speed(load_json(bench, "peer_train.json"))
     lines += translation_speed(load_json(bench, "infer_speed.json"))
