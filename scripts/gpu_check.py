@@ -13,8 +13,14 @@ Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
 * bleu: each file on the test split, on CUDA;
 * speed: scripts/benchmark_engines.py --device cuda, fp32 and fp16 x greedy and beam 4 x batch
   1 and 32, ours against CTranslate2;
-* train: the same steps of the train stage with `train.precision: auto` (bf16 where the GPU has
-  it, else fp16 with a loss scaler) and fp32: final loss and tokens/s.
+* train: the same steps of the train stage with `train.precision: auto` (fp32 with TF32
+  matmuls on a GPU), bf16 (autocast; fp16 with a loss scaler where the GPU has no bf16) and
+  fp32: final loss and tokens/s.
+
+`--pytorch-only` is for a machine with a CUDA build of torch but no onnxruntime-gpu: it skips
+every ONNX row and checks PyTorch's own search on CUDA instead (rows `search`: greedy and beam,
+token-for-token against the same search on the CPU, BLEU and sentences/s on the test split),
+then the train rows. It needs models/model.pt, models/tokenizer and data/tokenized.
 
 Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
 (fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
@@ -45,14 +51,16 @@ FILES = ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.text.onnx",
          "model.int8.text.onnx")
 
 
-def no_gpu_reason() -> str:
+def no_gpu_reason(pytorch_only: bool = False) -> str:
     """Why this machine cannot run the check ("" when it can)."""
-    import onnxruntime as ort
     import torch
 
-    why = placement.cuda_unavailable_reason(ort.get_available_providers())
-    if why:
-        return why
+    if not pytorch_only:
+        import onnxruntime as ort
+
+        why = placement.cuda_unavailable_reason(ort.get_available_providers())
+        if why:
+            return why
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} sees no CUDA device (install a CUDA build of torch)"
     return ""
@@ -155,6 +163,45 @@ def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
     return rows
 
 
+def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict]:
+    """PyTorch's search on `device` against the same search on the CPU (the first `n` test
+    sentences, token for token), then BLEU and sentences/s on the whole test split."""
+    import torch
+    from datasets import load_from_disk
+
+    from src.core.scoring import bleu
+    from src.data.subword import load_tokenizers
+    from src.nmt import checkpoint
+    from src.nmt.search import translate_ids
+
+    model, _ = checkpoint.load_model(models / "model.pt")
+    test = load_from_disk(str(data))["test"]
+    sources, references = list(test["source_ids"]), list(test["target"])
+    tok = load_tokenizers(models / "tokenizer")
+    rows = []
+    for beam in (1, cfg.beam_size):
+        search = (beam, cfg.length_penalty, cfg.max_length_ratio, cfg.batch_size)
+        on_cpu = translate_ids(model.to("cpu"), sources[:n], *search)
+        model.to(device)
+        same = sum(a == b for a, b in zip(translate_ids(model, sources[:n], *search), on_cpu))
+        translate_ids(model, sources[: cfg.batch_size], *search)  # warm-up: kernels, allocator
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        hyps = translate_ids(model, sources, *search)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        parity = round(same / max(n, 1), 4)
+        rows.append({"check": "search", "device": device, "beam": beam,
+                     "batch_size": cfg.batch_size, "cpu_parity": parity,
+                     "parity_sentences": min(n, len(sources)),
+                     "bleu": bleu(tok.decode_target(hyps), references, tok.target_lang),
+                     "sentences": len(hyps), "sentences_per_s": round(len(hyps) / seconds, 1),
+                     "passed": parity >= cfg.min_beam_parity})
+    return rows
+
+
 def speed_rows(models: Path, data: Path, work: Path) -> list[dict]:
     out = work / "engines.json"
     subprocess.run([sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--device",
@@ -173,8 +220,11 @@ def train_rows(root: Path, steps: int, work: Path) -> list[dict]:
     params_file = root / "params.yaml"
     model_params = load_params(ModelParams, path=params_file)
     base = load_params(TrainParams, path=params_file)
-    rows = []
-    for precision in ("auto", "fp32"):
+    os.environ["NMT_TRACKING"] = "off"  # a check, not an experiment: no run in the project's store
+    import torch
+
+    rows = []  # on a GPU auto is tf32, so bf16 autocast gets a row of its own
+    for precision in ("auto", "bf16", "fp32") if torch.cuda.is_available() else ("auto", "fp32"):
         out = work / f"train-{precision}"
         cfg = base.model_copy(update={"precision": precision, "max_steps": steps,
                                       "max_minutes": 0, "patience": 0})
@@ -204,9 +254,12 @@ def main() -> int:
     parser.add_argument("--rehearse-on-cpu", action="store_true",
                         help="run the steps on the CPU (no fp16, no engine benchmark): a test "
                              "of this script, not of a GPU")
+    parser.add_argument("--pytorch-only", action="store_true",
+                        help="no ONNX rows (a machine without onnxruntime-gpu): PyTorch's search "
+                             "on CUDA against the CPU, then the train rows")
     args = parser.parse_args()
     if not args.rehearse_on_cpu:
-        why = no_gpu_reason()
+        why = no_gpu_reason(args.pytorch_only)
         if why:
             print(f"gpu_check: no GPU to check here ({why}); run it on a machine with an "
                   f"NVIDIA GPU, onnxruntime-gpu and a CUDA build of torch", file=sys.stderr)
@@ -218,27 +271,35 @@ def main() -> int:
         work = Path(tmp)
         root = build(work / "project", args.build_minutes) if args.build_minutes else args.root
         models, data = root / "models", root / "data/tokenized"
-        missing = [p for p in (models / "model.pt", models / "model.onnx", data) if not p.exists()]
+        needed = (models / "model.pt", data) + (() if args.pytorch_only else
+                                                  (models / "model.onnx",))
+        missing = [p for p in needed if not p.exists()]
         if missing:
             print(f"gpu_check: {missing[0]} not found: run `dvc repro` first, or pass "
                   f"--build-minutes 4", file=sys.stderr)
             return 1
         cfg = load_params(ExportParams, path=root / "params.yaml")
-        rows = placement_rows(models, provider)
-        rows += parity_rows(models, data, provider, cfg, args.sentences)
-        rows += bleu_rows(models, data, provider, cfg)
-        if not args.rehearse_on_cpu:
+        if args.pytorch_only:
+            rows = search_rows(models, data, provider, cfg, args.sentences)
+        else:
+            rows = placement_rows(models, provider)
+            rows += parity_rows(models, data, provider, cfg, args.sentences)
+            rows += bleu_rows(models, data, provider, cfg)
+        if not args.rehearse_on_cpu and not args.pytorch_only:
             rows += speed_rows(models, data, work)
         rows += train_rows(root, args.train_steps, work)
         shutil.rmtree(work / "project", ignore_errors=True)
     import platform
 
-    import onnxruntime as ort
     import torch
 
     machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
                "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-               "onnxruntime": ort.__version__, "provider": provider}
+               "provider": provider}
+    if not args.pytorch_only:
+        import onnxruntime as ort
+
+        machine["onnxruntime"] = ort.__version__
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"command": "python " + " ".join(sys.argv),
                                        "machine": machine, "rows": rows}, indent=2) + "\n")

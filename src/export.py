@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import typer
 
-from src.core import paths, tracking
+from src.core import paths, registry, tracking
 from src.core.cli import run_cli
 from src.core.errors import PipelineError, require_file
 from src.core.params import ExportParams, load_params
@@ -40,6 +40,7 @@ from src.graph import onnx_graph, score_graph
 from src.graph.verify import write_verified
 from src.nmt import checkpoint
 from src.runtime import generation
+from src.training.parent import parent_record, parent_tags
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -67,17 +68,41 @@ def check_vocab(model, tok: Tokenizers) -> None:
 
 
 def log_run(run, result: dict, files: dict[str, Path | None], tokenizer_dir: Path,
-            tok: Tokenizers) -> str | None:
+            tok: Tokenizers, model_path: Path, evaluated: dict,
+            parent: dict | None) -> str | None:
     """Metrics, and the MLflow model (src/runtime/serving.py) as a new registered version;
-    `files`: the path of each precision written ("fp32", "int8", "fp16"), None if not."""
+    `files`: the path of each precision written ("fp32", "int8", "fp16"), None if not.
+
+    The run also keeps what a later run needs to start from this version (train.init_from):
+    model.pt and the tokenizer under `weights/`; evaluate's scores as `eval.*` metrics, which
+    `src.promote` compares; and the version names the version it was trained from."""
     from src.runtime import serving
 
-    run.log_metrics({k: v for k, v in result.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    numeric = {k: v for k, v in result.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numeric |= {f"eval.{k}": v for k, v in tracking.flatten(evaluated).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    run.log_metrics(numeric)
     run.log_dict(result, "export_metrics.json")
+    run.log_artifact(model_path, registry.WEIGHTS_ARTIFACT)
+    run.log_artifacts(tokenizer_dir, f"{registry.WEIGHTS_ARTIFACT}/tokenizer")
     name = f"nmt-{tok.source_lang}-{tok.target_lang}"
-    return run.log_model(lambda: serving.log_model(files["fp32"], files["int8"], tokenizer_dir,
-                                                   name, files["fp16"]))
+    version = run.log_model(lambda: serving.log_model(files["fp32"], files["int8"],
+                                                      tokenizer_dir, name, files["fp16"]))
+    if version is not None and parent:
+        tags = parent_tags(parent)
+        of = (f"{parent['name']} version {parent['version']}" if "version" in parent
+              else parent["init_from"])
+        run.describe_version(name, version, tags, f"Trained from {of} ({parent['init_from']}; "
+                             f"model.pt sha256 {parent['sha256'][:12]}).")
+    return version
+
+
+def evaluated_scores(path: Path) -> dict:
+    """evaluate's metrics.json (the test split's and each named set's scores), {} if absent."""
+    import json
+
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 @app.command()
@@ -92,6 +117,10 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
                                          help="Scoring model to write (src.score)."),
          metrics: Path = typer.Option(paths.EXPORT_METRICS, help="Headline JSON (DVC metrics)."),
          stats: Path = typer.Option(paths.EXPORT_STATS, help="Everything about the export, JSON."),
+         eval_metrics: Path = typer.Option(paths.EVAL_METRICS, help="evaluate's scores, kept "
+                                           "with the registered version for src.promote."),
+         parent_dir: Path = typer.Option(paths.PARENT, help="The parent stage's folder: the "
+                                         "version names the version it was trained from."),
          ) -> None:
     """Export model.pt to one model.onnx with the search inside (params `export.*`), verified
     against PyTorch."""
@@ -99,6 +128,7 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
 
     disable_progress_bars()
     cfg = load_params(ExportParams)
+    parent = parent_record(parent_dir)
     for path, stage in ((model_path, "train"), (tokenizer_dir, "tokenize"),
                         (split_dir, "tokenize")):
         require_file(path, stage)
@@ -129,7 +159,8 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         write_report(result, stats, metrics, EXPORT_HEADLINE)
         files = {"fp32": onnx_path, "int8": int8_path if built.int8 is not None else None,
                  "fp16": fp16_path if built.fp16 is not None else None}
-        version = log_run(run, result, files, tokenizer_dir, tok)
+        version = log_run(run, result, files, tokenizer_dir, tok, model_path,
+                          evaluated_scores(eval_metrics), parent)
     _report(result, version)
 
 

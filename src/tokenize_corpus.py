@@ -6,7 +6,9 @@ sys.path.
 
 Reads params `pair.*` and `tokenize.*`. The tokenizer is trained on the *train* split only
 (one shared model for both sides, or one per side) from a stream of its sentences, sampled down
-to `tokenize.max_sentences`; then every split is encoded with `datasets.map` (batched, in
+to `tokenize.max_sentences` — or, when train.init_from names a parent model, the parent's
+tokenizer byte for byte (models/parent/tokenizer: a trained model keeps its vocabulary, and the
+other tokenize.* params do not apply); then every split is encoded with `datasets.map` (batched, in
 `tokenize.num_proc` processes for large splits) straight into Arrow files, so no stage holds
 the corpus as Python lists. Vocabulary size, unknown-token rate and length statistics go to
 data/tokenize_stats.json (and MLflow).
@@ -37,6 +39,7 @@ from src.data.subword import (
     load_tokenizers,
     tokenizer_digest,
 )
+from src.training.parent import parent_record, reuse_tokenizer
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -47,6 +50,8 @@ def main(
     tokenizer_dir: Path = typer.Option(paths.TOKENIZER, help="Tokenizer dir to write."),
     out_dir: Path = typer.Option(paths.TOKENIZED, help="Encoded DatasetDict to write."),
     stats_path: Path = typer.Option(paths.TOKENIZE_STATS, "--stats", help="Stats JSON to write."),
+    parent_dir: Path = typer.Option(paths.PARENT, help="The parent stage's folder (a parent "
+                                    "model's tokenizer is reused)."),
 ) -> None:
     """Train SentencePiece on the train split (params `tokenize.*`, languages from `pair.*`) and
     encode all splits."""
@@ -56,13 +61,19 @@ def main(
     pair = load_params(PairParams)
     cfg = load_params(TokenizeParams)
     require_file(split_dir, "split")
+    parent = parent_record(parent_dir)
     num_proc = cfg.num_proc or os.cpu_count() or 1
     params = {"pair": pair.model_dump(), "tokenize": cfg.model_dump()}
     with tracking.stage_run("tokenize", params, deps=[split_dir]) as run:
         # the text as split; the parent run lists the token ids the model saw instead
         run.log_datasets(split_dir, dict.fromkeys(("train", "valid", "test"), "tokenization"),
                          on_parent=False)
-        write_tokenizers(split_dir, pair, cfg, tokenizer_dir)
+        if parent:
+            reuse_tokenizer(parent_dir, tokenizer_dir)
+            print(f"tokenize: the tokenizer of {parent['init_from']} (tokenize.* other than "
+                  f"num_proc do not apply)")
+        else:
+            write_tokenizers(split_dir, pair, cfg, tokenizer_dir)
         splits = load_from_disk(str(split_dir))
         tok = load_tokenizers(tokenizer_dir)
         stats: dict[str, float] = {

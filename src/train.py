@@ -30,9 +30,10 @@ import typer
 from src.core import paths
 from src.core.cli import run_cli
 from src.core.errors import require_file
-from src.core.params import ModelParams, TrainParams, load_params
+from src.core.params import FinetuneParams, ModelParams, TrainParams, load_params
 from src.training import distributed
 from src.training.fit import train
+from src.training.parent import finetune_recipe
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -46,6 +47,8 @@ def main(
     metrics: Path = typer.Option(paths.TRAIN_METRICS, help="Headline JSON (DVC metrics)."),
     stats: Path = typer.Option(paths.TRAIN_STATS, help="Everything about the run, JSON."),
     checkpoint_every_steps: int = typer.Option(500, min=1, help="Save last.pt this often."),
+    parent_dir: Path = typer.Option(paths.PARENT, help="The parent stage's folder: with "
+                                    "train.init_from set, training starts from its model.pt."),
 ) -> None:
     """Train the Transformer (params `model.*`, `train.*`). A killed run resumes exactly from
     models/checkpoints/last.pt; a change of params that shape training moves old checkpoints
@@ -53,9 +56,13 @@ def main(
 
     With `train.nproc_per_node` N > 1 it starts N data-parallel ranks on this machine (as
     `torchrun --standalone --nproc_per_node N -m src.train` would); under torchrun across
-    machines, set nothing: the ranks come from torchrun."""
+    machines, set nothing: the ranks come from torchrun.
+
+    With `train.init_from` set, training starts from that model's weights (models/parent/, from
+    the parent stage) with a fresh optimizer and schedule, and `finetune.*` replaces train.lr,
+    warmup_steps, epochs and bidirectional_epochs; the dims in params.yaml must be the model's."""
     model_params = load_params(ModelParams)
-    cfg = load_params(TrainParams)
+    cfg = finetune_recipe(load_params(TrainParams), load_params(FinetuneParams))
     require_file(data_dir, "tokenize")
     require_file(tokenizer_dir, "tokenize")
     if cfg.nproc_per_node > 1 and not distributed.under_launcher():
@@ -63,7 +70,7 @@ def main(
     world = distributed.init_world()
     try:
         train(world, model_params, cfg, data_dir, tokenizer_dir, ckpt_dir, model_out,
-              (metrics, stats), checkpoint_every_steps)
+              (metrics, stats), checkpoint_every_steps, parent_dir)
     except Exception as exc:
         distributed.exit_if_peer_lost(world, exc)
         raise

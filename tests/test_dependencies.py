@@ -66,8 +66,8 @@ def test_every_module_imports(module):
     importlib.import_module(module)
 
 
-COMMANDS = {"download", "split", "tokenize_corpus", "train", "evaluate", "export", "infer",
-            "score", "promote", "to_ctranslate2", "text_graph"}
+COMMANDS = {"download", "split", "parent", "tokenize_corpus", "train", "evaluate", "export",
+            "infer", "score", "promote", "to_ctranslate2", "text_graph"}
 
 
 def test_the_package_root_holds_the_commands_and_no_command_imports_another():

@@ -97,10 +97,11 @@ def test_stage_params_are_exactly_the_keys_it_reads(stage):
 EXPECTED_SECTIONS = {
     "download": {"pair", "download"},
     "split": {"pair", "split"},
+    "parent": {"pair", "train"},  # train.init_from only
     "tokenize": {"pair", "tokenize"},
     # train, evaluate and export take the languages and shared_vocab from the tokenizer (a
     # declared dep), so a pair/tokenize change reaches them through its hash, not their params.
-    "train": {"model", "train"},
+    "train": {"model", "train", "finetune"},
     "evaluate": {"evaluate"},
     "export": {"export"},
 }

@@ -79,9 +79,11 @@ def project(tmp_path_factory, one_thread) -> Path:
     return exported_project(tmp_path_factory.mktemp("export"))
 
 
-def exported_project(directory: Path, tracking: bool = False) -> Path:
-    """A scratch project root with tokenizer, model.pt and a test split, then `src.export`
-    (logged to the project's mlflow.db when `tracking`)."""
+def exported_project(directory: Path, tracking: bool = False,
+                     files: dict[str, str] | None = None) -> Path:
+    """A scratch project root with tokenizer, model.pt and a test split (and `files`, relative
+    path -> text, e.g. evaluate's metrics), then `src.export` (logged to the project's
+    mlflow.db when `tracking`)."""
     import sentencepiece as spm
     from datasets import Dataset, DatasetDict
 
@@ -106,6 +108,9 @@ def exported_project(directory: Path, tracking: bool = False) -> Path:
                 ).save_to_disk(str(root / "data/tokenized"))
     stamp = tokenizer_digest(root / "models/tokenizer")
     (root / "data/tokenized" / ENCODED_WITH).write_text(stamp)
+    for rel, text in (files or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
     result = run_stage(root, "export", tracking=tracking)
     assert result.returncode == 0, result.stderr
     return root

@@ -59,3 +59,21 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     assert trained[1]["precision"] == "fp32" and all(r["steps"] == 4 for r in trained)
     assert report["machine"]["provider"] == "cpu"
     assert "every parity check passed" in result.stdout
+
+    # --pytorch-only, as on a machine whose Python has a CUDA torch and neither onnxruntime nor
+    # mlflow: neither is imported, and PyTorch's beam search scores what the ONNX file scored
+    hidden = "import runpy, sys; sys.modules.update(dict.fromkeys(('onnxruntime', 'mlflow')))"
+    result = subprocess.run(
+        [sys.executable, "-c", f"{hidden}; sys.argv = sys.argv[1:]; "
+         "runpy.run_path(sys.argv[0], run_name='__main__')", str(SCRIPT), "--rehearse-on-cpu",
+         "--pytorch-only", "--root", str(root), "--sentences", "20", "--train-steps", "4",
+         "--output", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert [r["check"] for r in report["rows"]] == ["search", "search", "train", "train"]
+    greedy, beam = report["rows"][:2]
+    assert (greedy["beam"], beam["beam"]) == (1, 4)
+    assert greedy["cpu_parity"] == beam["cpu_parity"] == 1.0 and beam["passed"]
+    assert beam["bleu"] == stats["fp32_bleu"] and beam["sentences"] == greedy["sentences"] > 20
+    assert "onnxruntime" not in report["machine"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -54,17 +55,17 @@ def test_bf16_asked_for_without_native_bf16_says_so_in_one_line_and_trains_fp32(
 
 
 @pytest.mark.parametrize("requested, gpu_bf16, name, warning", [
-    ("auto", True, "bf16", ""),
-    ("auto", False, "fp16", ""),
+    ("auto", True, "tf32", ""),
+    ("auto", False, "tf32", ""),
     ("bf16", True, "bf16", ""),
     ("bf16", False, "fp16",
      "train.precision bf16: this GPU has no bf16, training in fp16 with a scaler"),
     ("fp32", True, "fp32", ""),
 ])
-def test_on_a_gpu_auto_is_bf16_where_it_has_it_else_fp16_with_a_loss_scaler(
+def test_on_a_gpu_auto_is_tf32_and_bf16_is_autocast_or_fp16_with_a_loss_scaler(
         monkeypatch, requested, gpu_bf16, name, warning):
     """The CUDA branch's choice, with the GPU faked (no GPU here): the CPU's features never
-    count on a GPU, and only fp16 needs the gradient scaler."""
+    count on a GPU, only fp16 needs the gradient scaler, and only bf16/fp16 autocast."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: gpu_bf16)
     fake_cpu(monkeypatch, "AMX")  # must not matter
     precision, said = resolve_precision(requested, torch.device("cuda", 0))
@@ -72,6 +73,18 @@ def test_on_a_gpu_auto_is_bf16_where_it_has_it_else_fp16_with_a_loss_scaler(
     assert precision.needs_scaler == (name == "fp16")
     assert precision.autocast_dtype == {"bf16": torch.bfloat16,
                                         "fp16": torch.float16}.get(name)
+
+
+@pytest.mark.parametrize("name, switch", [("tf32", "tf32"), ("fp32", "ieee"), ("bf16", "ieee")])
+def test_tf32_turns_cudas_fp32_matmuls_to_tensor_cores_and_the_rest_turn_them_back(
+        monkeypatch, name, switch):
+    matmul, conv = SimpleNamespace(fp32_precision="none"), SimpleNamespace(fp32_precision="none")
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)  # the process's own stay as set
+    monkeypatch.setattr(torch.backends.cudnn, "conv", conv)
+    Precision(name, "cuda", "").set_matmul_precision()
+    assert (matmul.fp32_precision, conv.fp32_precision) == (switch, switch)
+    Precision("tf32", "cpu", "").set_matmul_precision()  # a CPU step leaves CUDA's alone
+    assert (matmul.fp32_precision, conv.fp32_precision) == (switch, switch)
 
 
 def test_the_cpu_feature_comes_from_torchs_checks_amx_first(monkeypatch):

@@ -1,5 +1,6 @@
-"""src.promote's rule: the champion moves only to another, strictly better version, and a version
-without the metric is refused rather than compared. The registry round trip (aliases on a real
+"""src.promote's rule: the champion moves only to another version, strictly better on the new
+test split and at most a margin worse on each old test set, and a version without the metric is
+refused rather than compared. The registry round trip (aliases on a real
 MLflow store) is tests/test_serving.py::test_promote_moves_champion_to_a_better_candidate_only."""
 
 from __future__ import annotations
@@ -21,7 +22,28 @@ from src.promote import score, should_promote, version_by_alias
 ])
 def test_the_champion_moves_only_to_another_strictly_better_version(candidate, champion, new,
                                                                     old, promoted):
-    assert should_promote(candidate, champion, new, old) is promoted
+    assert should_promote(candidate, champion, new, old)[0] is promoted
+
+
+@pytest.mark.parametrize("sets, promoted, said", [
+    ({}, True, "rule 2 held (no old test set in common)"),
+    ({"old": (35.6, 36.0)}, True, "rule 2 held (old 35.60 vs 36.00, margin 0.5)"),
+    ({"old": (35.5, 36.0)}, True, "rule 2 held"),  # exactly the margin: allowed
+    ({"old": (35.4, 36.0), "other": (40.0, 30.0)}, False,
+     "rule 2 (at most 0.5 BLEU below the champion on each old test set) failed on old: "
+     "35.40 vs 36.00"),
+])
+def test_a_better_candidate_that_forgot_an_old_set_beyond_the_margin_is_kept_out(sets, promoted,
+                                                                                 said):
+    decided, why = should_promote("2", "1", 31.0, 30.0, sets, margin=0.5)
+    assert decided is promoted and said in why
+
+
+def test_rule_one_decides_first_and_says_so():
+    decided, why = should_promote("2", "1", 29.0, 30.0, {"old": (50.0, 30.0)})
+    assert not decided
+    assert why == "rule 1 (better on the new test split) failed: fp32_bleu 29.00 vs the " \
+                  "champion's 30.00"
 
 
 def client_with(metrics: dict, run_id: str = "abc") -> SimpleNamespace:

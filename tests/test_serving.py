@@ -22,7 +22,15 @@ SENTENCES = ["I have two cats.", "She likes three dogs.", "They see one bird."]
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    return exported_project(tmp_path_factory.mktemp("serving"), tracking=True)
+    # as if evaluate had scored a named test set, and train had started from version 7
+    return exported_project(tmp_path_factory.mktemp("serving"), tracking=True, files={
+        "data/eval/metrics.json": json.dumps(EVALUATED),
+        "models/parent/parent.json": json.dumps(PARENT)})
+
+
+EVALUATED = {"bleu": 12.5, "chrf": 20.0, "test_sets": {"old": {"bleu": 30.0, "chrf": 40.0}}}
+PARENT = {"init_from": "models:/nmt-en-zh@champion", "name": "nmt-en-zh", "version": "7",
+          "run_id": "r7", "sha256": "ab" * 32}
 
 
 @pytest.fixture(scope="module")
@@ -296,8 +304,57 @@ def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):
                                          run_id=better_run.info.run_id)
     client.set_registered_model_alias("nmt-en-zh", "candidate", better.version)
     moved = run_stage(env_root, "promote", tracking=True)
-    assert f"version {better.version} (fp32_bleu 99.00) is the champion over version 1" in \
-        moved.stdout, moved.stdout + moved.stderr
+    assert f"version {better.version} is the champion over version 1: rule 1 held (fp32_bleu " \
+           "99.00 vs" in moved.stdout, moved.stdout + moved.stderr
     assert client.get_model_version_by_alias("nmt-en-zh", "champion").version == better.version
     missing = run_stage(env_root, "promote", "--name", "nmt-xx-yy", tracking=True)
     assert missing.returncode == 1 and "no version of nmt-xx-yy" in missing.stderr
+
+
+def test_a_version_keeps_its_weights_scores_and_parent(project, tracking):
+    """What a later run needs to start from the version (train.init_from), what promote's
+    rule 2 compares, and the lineage the UI shows."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    version = client.get_model_version("nmt-en-zh", "1")
+    names = {Path(f.path).name for f in client.list_artifacts(version.run_id, "weights")}
+    assert names == {"model.pt", "tokenizer"}
+    metrics = client.get_run(version.run_id).data.metrics
+    assert (metrics["eval.test_sets.old.bleu"], metrics["eval.bleu"]) == (30.0, 12.5)
+    assert {k: version.tags[k] for k in ("parent_name", "parent_version", "parent_sha256",
+                                         "init_from")} == {
+        "parent_name": "nmt-en-zh", "parent_version": "7", "parent_sha256": "ab" * 32,
+        "init_from": "models:/nmt-en-zh@champion"}
+    assert version.description.startswith("Trained from nmt-en-zh version 7 (models:/")
+
+
+def test_promote_keeps_a_better_candidate_that_forgot_an_old_set_and_prints_lineage(
+        project, tracking):
+    import mlflow
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    source = client.get_model_version("nmt-en-zh", "1").source
+
+    def version_scoring(bleu: float, old: float, parent: str | None = None) -> str:
+        with mlflow.start_run() as run:
+            mlflow.log_metrics({"fp32_bleu": bleu, "eval.test_sets.old.bleu": old})
+        tags = {"parent_name": "nmt-en-zh", "parent_version": parent} if parent else None
+        made = client.create_model_version("nmt-en-zh", source, run_id=run.info.run_id,
+                                           tags=tags)
+        return str(made.version)
+
+    champion = version_scoring(150.0, 30.0)
+    client.set_registered_model_alias("nmt-en-zh", "champion", champion)
+    forgot = version_scoring(160.0, 29.0, parent=champion)
+    client.set_registered_model_alias("nmt-en-zh", "candidate", forgot)
+    kept = run_stage(project, "promote", "--dry-run", tracking=True)
+    assert kept.stdout.splitlines() == [
+        f"lineage: version {forgot} <- version {champion}",
+        f"promote: kept champion version {champion}; candidate version {forgot}: rule 2 (at "
+        "most 0.5 BLEU below the champion on each old test set) failed on old: 29.00 vs 30.00"]
+    loose = run_stage(project, "promote", "--margin", "1.5", tracking=True)
+    assert f"version {forgot} is the champion over version {champion}: rule 1 held " \
+           "(fp32_bleu 160.00 vs 150.00) and rule 2 held (old 29.00 vs 30.00, margin 1.5)" in \
+           loose.stdout, loose.stdout + loose.stderr

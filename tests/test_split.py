@@ -117,3 +117,18 @@ def test_predefined_test_set_is_the_test_split_and_leaves_train():
     kept = {s for name in ("train", "valid") for s, _ in parts[name]}
     assert "s3" not in kept  # a test source never reaches train or valid
     assert kept == {f"s{i}" for i in range(10)} - {"s3"}
+
+
+def test_a_train_fraction_keeps_a_seeded_share_of_training_sources_and_the_same_valid_test():
+    """A parent trained on part of the data and its fine-tune on all of it are tested on the
+    same sentences: train_fraction only thins the training sources."""
+    pairs = [(f"s{i}", f"t{i}") for i in range(300)] + [(f"s{i}", f"u{i}") for i in range(50)]
+    full = split_grouped(pairs, cfg(valid_size=30, test_size=40))
+    half = split_grouped(pairs, cfg(valid_size=30, test_size=40, train_fraction=0.5))
+    assert half["valid"] == full["valid"] and half["test"] == full["test"]
+    sources = {s for s, _ in full["train"]}
+    kept = {s for s, _ in half["train"]}
+    assert kept < sources and len(kept) == round(0.5 * len(sources))
+    assert half["train"] == [p for p in full["train"] if p[0] in kept]  # all of each kept group
+    again = split_grouped(pairs, cfg(valid_size=30, test_size=40, train_fraction=0.5))
+    assert again == half

@@ -13,6 +13,7 @@ checked here rather than deep inside a stage.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
@@ -31,6 +32,9 @@ from src.core import paths
 from src.core.errors import PipelineError
 
 _noted: set[str] = set()
+# a registered model version, by alias or by number (train.init_from; src/core/registry.py)
+MODEL_URI = re.compile(
+    r"models:/(?P<name>[^/@\s]+)(?:@(?P<alias>[A-Za-z0-9_-]+)|/(?P<version>\d+))")
 
 
 def _note_once(message: str) -> None:
@@ -192,6 +196,9 @@ class SplitParams(Section):
     valid_size: float = Field(gt=0)  # < 1: fraction of source sentences; >= 1: their count
     test_size: float = Field(gt=0)
     max_chars: int = Field(gt=0)  # longer lines (either side) are dropped and counted
+    # share of the training source sentences kept (seeded; valid and test are the same whatever
+    # it is): a parent trained on part of the data, then fine-tuned on all of it
+    train_fraction: float = Field(default=1.0, gt=0, le=1)
 
     @field_validator("valid_size", "test_size")
     @classmethod
@@ -275,14 +282,27 @@ class TrainParams(Section):
     log_every_steps: int = Field(gt=0)
     # > 1: train starts itself under torchrun with this many data-parallel ranks (DDP) here
     nproc_per_node: int = Field(ge=1)
-    # auto: bf16 autocast where the CPU multiplies bf16 natively (AMX, AVX-512 BF16) or on a
-    # GPU with bf16, fp16 on other GPUs, fp32 elsewhere; weights and checkpoints stay fp32
+    # auto: bf16 autocast where the CPU multiplies bf16 natively (AMX, AVX-512 BF16), fp32 with
+    # TF32 matmuls on a GPU, fp32 elsewhere; weights and checkpoints stay fp32
     precision: Literal["auto", "fp32", "bf16"]
     # batch widths (source, target) padded up to a multiple of this, so a run meets a few
     # dozen distinct batch shapes instead of hundreds; 1: pad to the longest sentence only
     length_multiple: int = Field(ge=1, le=64)
     # greedy valid BLEU lets an output reach ratio x source tokens + 10 (evaluate's rule)
     valid_max_length_ratio: float = Field(gt=0)
+    # where training starts: "" random weights; a model.pt of ours (its tokenizer/ beside it);
+    # or a registered version, models:/<name>@<alias> or models:/<name>/<version> (the parent
+    # stage resolves it to models/parent/, and the finetune section's recipe applies)
+    init_from: str = ""
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from_form(cls, value: str) -> str:
+        value = value.strip()
+        if value.startswith("models:/") and not MODEL_URI.fullmatch(value):
+            raise ValueError(f"{value!r} is not a registered model: write "
+                             "models:/<name>@<alias> or models:/<name>/<version>")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -299,6 +319,18 @@ class TrainParams(Section):
             _note_once("params.yaml: train.average_last is now train.average_best (it averages "
                        "the best epochs, not the last); rename it")
         return data
+
+
+class FinetuneParams(Section):
+    """The recipe of a run that starts from a trained model (train.init_from set): the optimizer
+    and schedule restart (fairseq's --reset-optimizer), with these instead of train.lr,
+    warmup_steps, epochs and bidirectional_epochs."""
+
+    section: ClassVar[str] = "finetune"
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    epochs: int = Field(gt=0)
+    bidirectional_epochs: int = Field(ge=0)
 
 
 class EvaluateParams(Section):
@@ -329,7 +361,7 @@ class ExportParams(Section):
 SECTIONS: dict[str, type[Section]] = {
     cls.section: cls
     for cls in (PairParams, DownloadParams, SplitParams, TokenizeParams, ModelParams,
-                TrainParams, EvaluateParams, ExportParams)
+                TrainParams, FinetuneParams, EvaluateParams, ExportParams)
 }
 S = TypeVar("S", bound=Section)
 

@@ -24,6 +24,8 @@ SPLIT = DATA / "split"
 NAMED_TEST_SPLIT = "test_{}"  # the split holding named test set {name} (download.test_sets)
 SPLIT_STATS = DATA / "split_stats.json"
 
+PARENT = MODELS / "parent"  # train.init_from resolved: parent.json (+ model.pt, tokenizer/)
+
 TOKENIZED = DATA / "tokenized"
 TOKENIZER = MODELS / "tokenizer"
 TOKENIZE_STATS = DATA / "tokenize_stats.json"

@@ -59,6 +59,8 @@ class NullRun:
                      on_parent: bool = True) -> None: ...
     def log_sources(self, corpora: list[dict], context: str = "training") -> None: ...
     def log_model(self, log: Callable[[], str]) -> str | None: ...
+    def describe_version(self, name: str, version: str, tags: dict[str, str],
+                         description: str) -> None: ...
 
     @property
     def run_id(self) -> str | None:
@@ -220,6 +222,15 @@ class MlflowRun(NullRun):
         """Run `log`, which logs a model into this (active) run and registers it; returns the
         registered version, or None when the tracking store failed (best effort)."""
         return log()
+
+    @best_effort
+    def describe_version(self, name: str, version: str, tags: dict[str, str],
+                         description: str) -> None:
+        """Tags and description of a registered version (its lineage, as the UI shows it)."""
+        for key, value in tags.items():
+            self._client.set_model_version_tag(name, version, key, value)
+        if description:
+            self._client.update_model_version(name, version, description=description)
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:

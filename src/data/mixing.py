@@ -100,6 +100,7 @@ def mix(corpora: list[CorpusFile], pair: PairParams, cfg: SplitParams,
             "dropped_in_test_set": got["in_test_set"],
             "kept": got["train"] + got["valid"] + got["test"],
             "train": got["train"], "valid": got["valid"], "test": got["test"],
+            "unused_by_train_fraction": got["unused"],
             "train_weighted": weighted[index],
         }
     return Mixed(parts, counts)

@@ -66,7 +66,8 @@ def part_of_each(pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = 
     at a time (valid first, then test, from the sources shuffled with `split.seed`).
 
     With a predefined `test`, only valid and train are carved out. A pair whose source sentence
-    is a source of `test` or in `held_out` (the named test sets) is "in_test_set" (left out)."""
+    is a source of `test` or in `held_out` (the named test sets) is "in_test_set" (left out);
+    one of the training sources that `split.train_fraction` < 1 leaves out is "unused"."""
     test_sources = ({src for src, _ in test} if test else set()) | held_out
     sources = sorted({src for src, _ in pairs if src not in test_sources})
     random.Random(cfg.seed).shuffle(sources)
@@ -79,6 +80,11 @@ def part_of_each(pairs: list[Pair], cfg: SplitParams, test: list[Pair] | None = 
         )
     part_of = {s: "valid" for s in sources[:n_valid]}
     part_of.update({s: "test" for s in sources[n_valid : n_valid + n_test]})
+    if cfg.train_fraction < 1:  # a seeded share of the training sources, drawn apart
+        training = sources[n_valid + n_test:]
+        random.Random(f"{cfg.seed}/train_fraction").shuffle(training)
+        keep = max(1, int(round(cfg.train_fraction * len(training))))
+        part_of.update({s: "unused" for s in training[keep:]})
     part_of.update({s: "in_test_set" for s in test_sources})
     return [part_of.get(src, "train") for src, _ in pairs]
 

@@ -22,6 +22,7 @@ from src.nmt.model import Transformer, count_parameters, model_config
 from src.training.distributed import World
 from src.training.host_memory import keep_freed_memory
 from src.training.loop import run_training
+from src.training.parent import check_dims, parent_record, parent_tags
 from src.training.precision import resolve_precision
 from src.training.resume import ResumeStore, data_digest, note, trajectory_params
 from src.training.trainer import Trainer, set_seed
@@ -64,6 +65,7 @@ def train(
     model_out: Path,
     reports: tuple[Path, Path],
     checkpoint_every_steps: int,
+    parent_dir: Path = paths.PARENT,
 ) -> None:
     metrics, stats = reports
     keep_freed_memory()
@@ -80,6 +82,15 @@ def train(
         model_params, tokenizers.source_vocab, tokenizers.target_vocab, shared_vocab
     )
     model = Transformer(config).to(device)
+    parent = parent_record(parent_dir, cfg.init_from)
+    if parent:
+        check_dims(model_params, parent["config"], cfg.init_from)
+        # step 0 only: a resume below replaces these with last.pt's
+        model.load_state_dict(checkpoint.load(parent_dir / "model.pt")["model"])
+        # a moved alias is another trajectory: the weights' hash, not the URI, is the key
+        cfg_for_resume = cfg.model_copy(update={"init_from": parent["sha256"]})
+    else:
+        cfg_for_resume = cfg
     if world.distributed:
         torch.manual_seed(cfg.seed + world.rank)  # same initial weights, own dropout masks
     params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
@@ -107,7 +118,8 @@ def train(
     precision, warning = resolve_precision(cfg.precision, device)
     if warning and world.is_main:
         note(warning)
-    store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg, precision.name), digest)
+    store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg_for_resume,
+                                                    precision.name), digest)
     trainer = Trainer(model, cfg, device, total_steps, store, threads, world, precision)
     trainer.try_resume()
     score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang,
@@ -131,7 +143,7 @@ def train(
               if world.is_main else nullcontext(tracking.NullRun()))
     with opened as run:
         run.log_datasets(data_dir, {"train": "training", "valid": "validation"})
-        run.set_tags({"precision": precision.name})
+        run.set_tags({"precision": precision.name} | parent_tags(parent))
         run.log_metrics({"n_parameters": n_params, "threads": threads,
                          "world_size": world.size, "global_batch_tokens": global_batch})
         selection = run_training(

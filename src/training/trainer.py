@@ -94,6 +94,7 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, cfg, total_steps)
         )
         self.precision = precision
+        precision.set_matmul_precision()
         self.scaler = torch.amp.GradScaler("cuda", enabled=precision.needs_scaler)
         self.store = store
         self.state = TrainState(threads=threads, world_size=world.size)
