@@ -17,7 +17,6 @@ from src.core.errors import PipelineError
 from src.core.params import MODEL_URI
 
 WEIGHTS_ARTIFACT = "weights"  # model.pt and tokenizer/ in the registering run
-PARENT_TAGS = ("parent_name", "parent_version", "parent_sha256")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,20 @@ def training_corpus(data_dir: Path, cfg: TrainParams, tokenizers) -> TrainingCor
     return corpus
 
 
+def start_from_parent(model: Transformer, model_params: ModelParams, cfg: TrainParams,
+                      parent_dir: Path) -> tuple[dict | None, TrainParams]:
+    """With train.init_from set: the parent's weights in `model` (dims checked), at step 0 only
+    (a resume replaces them with last.pt's). Returns the parent's record (None without one) and
+    the params a resume must match: a moved alias is another trajectory, so the weights' hash,
+    not the URI, is the key."""
+    parent = parent_record(parent_dir, cfg.init_from)
+    if not parent:
+        return None, cfg
+    check_dims(model_params, parent["config"], cfg.init_from)
+    model.load_state_dict(checkpoint.load(parent_dir / "model.pt")["model"])
+    return parent, cfg.model_copy(update={"init_from": parent["sha256"]})
+
+
 def train_curve_rows(st, lr: float) -> list[dict]:
     """The logged training curve, ending at the last step: a run shorter than
     `train.log_every_steps` (a smoke run) had none, and DVC warned of the empty file."""
@@ -82,15 +96,7 @@ def train(
         model_params, tokenizers.source_vocab, tokenizers.target_vocab, shared_vocab
     )
     model = Transformer(config).to(device)
-    parent = parent_record(parent_dir, cfg.init_from)
-    if parent:
-        check_dims(model_params, parent["config"], cfg.init_from)
-        # step 0 only: a resume below replaces these with last.pt's
-        model.load_state_dict(checkpoint.load(parent_dir / "model.pt")["model"])
-        # a moved alias is another trajectory: the weights' hash, not the URI, is the key
-        cfg_for_resume = cfg.model_copy(update={"init_from": parent["sha256"]})
-    else:
-        cfg_for_resume = cfg
+    parent, cfg_for_resume = start_from_parent(model, model_params, cfg, parent_dir)
     if world.distributed:
         torch.manual_seed(cfg.seed + world.rank)  # same initial weights, own dropout masks
     params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
