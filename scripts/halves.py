@@ -1,0 +1,86 @@
+"""Score models on the two halves of a corpus's training pairs: the half a parent model was
+trained on ("old") and the half that arrived later ("new"), as issue 58's (a)/(b)/(c) compare.
+
+    python scripts/halves.py --old-split <parent run>/data/split --full-split data/split \
+        --model parent=<dir>/model.pt --model tuned=models/model.pt --out halves.json
+
+"old" is the parent's training split; "new" is every pair of the full training split whose
+source sentence is not an old source. A seeded sample of `--sample` pairs of each half is
+translated with each model's own tokenizer (`tokenizer/` beside its model.pt) by the evaluate
+stage's beam search and settings (params `evaluate.*`), and scored as evaluate scores the test
+split: BLEU and chrF, overall and by source length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import torch
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from src.core.params import EvaluateParams, load_params  # noqa: E402
+from src.core.reports import LENGTH_BUCKETS  # noqa: E402
+from src.core.scoring import score, score_by_length  # noqa: E402
+from src.data.subword import load_tokenizers  # noqa: E402
+from src.nmt import checkpoint  # noqa: E402
+from src.nmt.search import translate_ids  # noqa: E402
+
+
+def halves(old_split: Path, full_split: Path, sample: int, seed: int) -> dict[str, list]:
+    """{"old": [(source, target)], "new": [...]}: a seeded sample of each half's pairs."""
+    from datasets import load_from_disk
+
+    old = load_from_disk(str(old_split))["train"]
+    full = load_from_disk(str(full_split))["train"]
+    old_pairs = list(zip(old["source"], old["target"]))
+    old_sources = {src for src, _ in old_pairs}
+    new_pairs = [(s, t) for s, t in zip(full["source"], full["target"]) if s not in old_sources]
+    found = {}
+    for name, pairs in (("old", old_pairs), ("new", new_pairs)):
+        rng = random.Random(f"{seed}/{name}")
+        found[name] = rng.sample(pairs, min(sample, len(pairs)))
+    return found
+
+
+def score_model(model_path: Path, pairs: list, cfg: EvaluateParams) -> dict:
+    model, _ = checkpoint.load_model(model_path)
+    tok = load_tokenizers(model_path.parent / "tokenizer")
+    sources = [s for s, _ in pairs]
+    references = [t for _, t in pairs]
+    found = translate_ids(model, tok.source.encode(sources), cfg.beam_size, cfg.length_penalty,
+                          cfg.max_length_ratio, cfg.batch_size)
+    hypotheses = tok.decode_target(found)
+    result = score(hypotheses, references, tok.target_lang)
+    result |= score_by_length(sources, hypotheses, references, tok.target_lang, LENGTH_BUCKETS)
+    return {"sentences": len(pairs)} | result
+
+
+def main(
+    old_split: Path = typer.Option(..., help="The parent run's data/split (its train = old half)."),
+    full_split: Path = typer.Option(..., help="data/split of the run on all training pairs."),
+    model: list[str] = typer.Option(..., help="name=path/to/model.pt (tokenizer/ beside it)."),
+    sample: int = typer.Option(2000, help="Pairs drawn from each half."),
+    seed: int = typer.Option(0, help="Seed of the samples."),
+    out: Path = typer.Option(Path("halves.json"), help="JSON to write."),
+) -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = load_params(EvaluateParams)
+    pairs = halves(old_split, full_split, sample, seed)
+    report: dict = {"sample": sample, "seed": seed, "beam_size": cfg.beam_size,
+                    "pairs_per_half": {k: len(v) for k, v in pairs.items()}, "models": {}}
+    for spec in model:
+        name, _, path = spec.partition("=")
+        report["models"][name] = {half: score_model(Path(path), rows, cfg)
+                                  for half, rows in pairs.items()}
+        print(name, {h: (r["bleu"], r["chrf"]) for h, r in report["models"][name].items()})
+    out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    typer.run(main)
