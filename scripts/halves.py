@@ -62,7 +62,7 @@ def score_model(model_path: Path, pairs: list, cfg: EvaluateParams) -> dict:
 
 
 def main(
-    old_split: Path = typer.Option(..., help="The parent run's data/split (its train = old half)."),
+    old_split: Path = typer.Option(..., help="The parent run's data/split (train: old half)."),
     full_split: Path = typer.Option(..., help="data/split of the run on all training pairs."),
     model: list[str] = typer.Option(..., help="name=path/to/model.pt (tokenizer/ beside it)."),
     sample: int = typer.Option(2000, help="Pairs drawn from each half."),

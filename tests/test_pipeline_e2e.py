@@ -361,6 +361,41 @@ def test_train_change_reruns_only_train_and_later(workspace):
     assert json.loads((workspace / "models/train_stats.json").read_text())["steps"] == 7
 
 
+def add_test_set(root: Path, name: str, pairs: list[tuple[str, str]]) -> None:
+    tsv = root.parent / f"{name}.tsv"
+    tsv.write_text("".join(f"{en}\t{zh}\n" for en, zh in pairs), encoding="utf-8")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["download"]["test_sets"].append({"name": name, "url": str(tsv)})
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def test_a_new_test_set_is_scored_without_retraining(workspace):
+    """A named test set that shares no source with the training pairs changes neither the
+    training data nor the tokenizer: evaluate scores it and train does not run again."""
+    model = (workspace / "models/model.pt").read_bytes()
+    owls = ("Seven purple owls sang loudly.", "七只紫色的猫头鹰大声唱歌。")
+    add_test_set(workspace, "fresh", [owls])
+    out = sh(workspace, "dvc", "repro")
+    ran = stages_run(out)
+    assert {"download", "split", "tokenize", "evaluate"} <= ran, out
+    assert "train" not in ran, out
+    assert (workspace / "models/model.pt").read_bytes() == model
+    metrics = json.loads((workspace / "data/eval/metrics.json").read_text())
+    assert set(metrics["test_sets"]) == {"news", "mine", "fresh"}
+
+
+def test_a_test_set_holding_training_sources_retrains(workspace):
+    """One that holds a training source drops that pair from training: train runs again."""
+    from datasets import load_from_disk
+
+    train = load_from_disk(str(workspace / "data/split"))["train"]
+    add_test_set(workspace, "overlap", [(train[0]["source"], train[0]["target"])])
+    out = sh(workspace, "dvc", "repro")
+    assert "train" in stages_run(out), out
+    sources = set(load_from_disk(str(workspace / "data/split"))["train"]["source"])
+    assert train[0]["source"] not in sources
+
+
 def test_metrics_show_and_exp_run(workspace):
     assert "bleu" in sh(workspace, "dvc", "metrics", "show")
     sh(workspace, "git", "add", "-A")
