@@ -237,6 +237,41 @@ def training_speed_by_precision(sitting: dict) -> list[str]:
     return lines + [sitting["note"], ""]
 
 
+def continuous_training(ct: dict) -> list[str]:
+    """Issue 58's three runs, one column each: a parent on half the training sources, the
+    parent fine-tuned on all of them, and the from-scratch run on all of them."""
+    runs = ct["runs"]
+    buckets = (("le6w", "<= 6"), ("7to9w", "7-9"), ("ge10w", ">= 10"))
+    halves = ct["halves"]
+
+    def half(run: dict, which: str) -> str:
+        one = run["halves"][which]
+        return f"{one['bleu']} / {one['chrf']}"
+
+    rows = [["command", *[f"`{r['command']}`" for r in runs]],
+            ["training pairs", *[f"{r['train_pairs']:,}" for r in runs]],
+            ["starts from", *[r["starts_from"] for r in runs]],
+            ["epochs, steps", *[f"{r['epochs']}, {r['steps']:,}" for r in runs]],
+            ["training minutes (train stage's step time)",
+             *[f"**{r['train_minutes']}**" for r in runs]],
+            ["tokens/s", *[f"{r['tokens_per_s']:,}" for r in runs]],
+            ["valid BLEU (greedy, selects epochs)", *[r["valid_bleu"] for r in runs]],
+            ["test BLEU (beam 4)", *[f"**{r['test']['bleu']}**" for r in runs]],
+            ["test chrF", *[r["test"]["chrf"] for r in runs]],
+            *[[f"test BLEU, sources {label} words", *[r["test"][f"bleu_{key}"] for r in runs]]
+              for key, label in buckets],
+            [f"old half: BLEU / chrF ({halves['sentences']:,} training pairs the parent saw)",
+             *[half(r, "old") for r in runs]],
+            [f"new half: BLEU / chrF ({halves['sentences']:,} training pairs it did not)",
+             *[half(r, "new") for r in runs]]]
+    lines = ["## Starting from a trained model: parent, fine-tune, from scratch", "",
+             f"{ct['what']} CPU: {ct['cpu']}; {ct['date']}, code at `{ct['commit']}`. The "
+             f"fine-tune recipe was chosen by the rule in docs/experiments.md, written before "
+             f"the runs. Old and new halves: `{halves['command']}`.", ""]
+    lines += table(["measure", *[r["name"] for r in runs]], rows)
+    return lines + [line for note in ct["notes"] for line in (note, "")]
+
+
 def translation_speed(speed: dict) -> list[str]:
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in speed["rows"]
             if r["system"] == "torch-nocache"}
@@ -291,6 +326,7 @@ def render(docs: Path = DOCS) -> str:
     lines += training_speed_by_precision(load_json(bench, "train_speed.json"))
     lines += training_speed(load_json(bench, "peer_train.json"))
     lines += translation_speed(load_json(bench, "infer_speed.json"))
+    lines += continuous_training(load_json(bench, "continuous_training.json"))
     lines += full_rows(full)
     lines += short_rows(short)
     lines += pair_rows(pairs)
