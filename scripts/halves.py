@@ -7,8 +7,8 @@ trained on ("old") and the half that arrived later ("new"), as issue 58's (a)/(b
 "old" is the parent's training split; "new" is every pair of the full training split whose
 source sentence is not an old source. A seeded sample of `--sample` pairs of each half is
 translated with each model's own tokenizer (`tokenizer/` beside its model.pt) by the evaluate
-stage's beam search and settings (params `evaluate.*`), and scored as evaluate scores the test
-split: BLEU and chrF, overall and by source length.
+stage's beam search and settings (params `evaluate.*`), and scored by evaluate's own function:
+BLEU and chrF, overall and by source length, and the confidence's AUROC.
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from src.core.params import EvaluateParams, load_params  # noqa: E402
-from src.core.reports import LENGTH_BUCKETS  # noqa: E402
-from src.core.scoring import score, score_by_length  # noqa: E402
 from src.data.subword import load_tokenizers  # noqa: E402
+from src.evaluate import translate_and_score  # noqa: E402
 from src.nmt import checkpoint  # noqa: E402
-from src.nmt.search import translate_ids  # noqa: E402
 
 
 def halves(old_split: Path, full_split: Path, sample: int, seed: int) -> dict[str, list]:
@@ -49,16 +47,15 @@ def halves(old_split: Path, full_split: Path, sample: int, seed: int) -> dict[st
 
 
 def score_model(model_path: Path, pairs: list, cfg: EvaluateParams) -> dict:
+    """The evaluate stage's scores of one model on `pairs`, with its own tokenizer."""
     model, _ = checkpoint.load_model(model_path)
     tok = load_tokenizers(model_path.parent / "tokenizer")
     sources = [s for s, _ in pairs]
-    references = [t for _, t in pairs]
-    found = translate_ids(model, tok.source.encode(sources), cfg.beam_size, cfg.length_penalty,
-                          cfg.max_length_ratio, cfg.batch_size)
-    hypotheses = tok.decode_target(found)
-    result = score(hypotheses, references, tok.target_lang)
-    result |= score_by_length(sources, hypotheses, references, tok.target_lang, LENGTH_BUCKETS)
-    return {"sentences": len(pairs)} | result
+    part = {"source": sources, "target": [t for _, t in pairs],
+            "source_ids": tok.source.encode(sources)}
+    result = translate_and_score(model, part, tok, cfg)[0]
+    result.pop("risk_coverage")
+    return result
 
 
 def main(
