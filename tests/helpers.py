@@ -21,6 +21,12 @@ TINY_PARAMS = {
 }
 
 
+def write_pairs(path: Path, pairs) -> Path:
+    """A corpus or test-set TSV: one `source<TAB>target` line per pair."""
+    path.write_text("".join(f"{en}\t{zh}\n" for en, zh in pairs), encoding="utf-8")
+    return path
+
+
 def scratch_root(tmp_path: Path, **overrides: dict) -> Path:
     """A directory with the committed params.yaml, sections updated from `overrides`."""
     params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 from conftest import SHARED_DATA
-from helpers import assert_one_line_error, run_stage, scratch_root
+from helpers import assert_one_line_error, run_stage, scratch_root, write_pairs
 from hub_repos import (
     flores_like,
     offline_env,
@@ -126,7 +126,7 @@ def test_two_corpora_mixed_by_weight_give_the_counts_the_weights_promise(tmp_pat
     opus_like(cache, PAIRS)
     extra = PAIRS[:10] + [(f"Other {i}.", f"别{i}。") for i in range(40)]
     local = tmp_path / "local.tsv"
-    local.write_text("".join(f"{en}\t{zh}\n" for en, zh in extra + extra[-3:]), encoding="utf-8")
+    write_pairs(local, extra + extra[-3:])
     root = hub_root(tmp_path, [
         {"name": "opus", "hub": OPUS | {"revision": "main"}, "weight": 2},
         {"name": "local", "url": str(local), "weight": 0.5}])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import yaml
-from helpers import GIT_ENV, TINY_PARAMS, git_project, sh
+from helpers import GIT_ENV, TINY_PARAMS, git_project, sh, write_pairs
 from hub_repos import sacrebleu_set
 from toy_corpus import toy_tsv
 
@@ -54,7 +54,7 @@ def project(tmp_path_factory) -> Path:
         zf.writestr("cmn.txt", toy_tsv())
     sacrebleu_set(root.parent / "sacrebleu", "wmt20", "en-zh", NEWS)
     mine = root.parent / "mine.tsv"
-    mine.write_text("".join(f"{en}\t{zh}\n" for en, zh in MINE), encoding="utf-8")
+    write_pairs(mine, MINE)
     settings = {f"{section}.{key}": value
                 for section, values in TINY.items() for key, value in values.items()}
     test_sets = [{"name": "news", "sacrebleu": "wmt20"}, {"name": "mine", "url": str(mine)}]
@@ -362,8 +362,7 @@ def test_train_change_reruns_only_train_and_later(workspace):
 
 
 def add_test_set(root: Path, name: str, pairs: list[tuple[str, str]]) -> None:
-    tsv = root.parent / f"{name}.tsv"
-    tsv.write_text("".join(f"{en}\t{zh}\n" for en, zh in pairs), encoding="utf-8")
+    tsv = write_pairs(root.parent / f"{name}.tsv", pairs)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["download"]["test_sets"].append({"name": name, "url": str(tsv)})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from datasets import load_from_disk
-from helpers import assert_one_line_error, run_stage, scratch_root
+from helpers import assert_one_line_error, run_stage, scratch_root, write_pairs
 from hub_repos import flores_like, offline_env, sacrebleu_set
 
 PAIRS = [(f"Sentence {i}.", f"第{i}句。") for i in range(40)]
@@ -15,9 +15,7 @@ NEWS = [("The market rose.", "市场上涨了。"), ("Sentence 3.", "第三句�
 
 
 def corpus_file(tmp_path):
-    path = tmp_path / "corpus.tsv"
-    path.write_text("".join(f"{en}\t{zh}\n" for en, zh in PAIRS), encoding="utf-8")
-    return path
+    return write_pairs(tmp_path / "corpus.tsv", PAIRS)
 
 
 def named_root(tmp_path, test_sets: list[dict]):
