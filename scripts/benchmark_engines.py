@@ -13,7 +13,11 @@ beam x batch x precision x thread count asked for. Needs the optional extra:
 `--scores` makes both engines return each translation's score (CTranslate2 `return_scores`),
 `--n-best N` N scored hypotheses per sentence (CTranslate2 `num_hypotheses`), so each clock
 holds that work too. `--baseline DIR` times a third engine: our files in DIR (the same weights
-exported by other code, e.g. before a change), alternating with the others.
+exported by other code, e.g. before a change), alternating with the others. `--force-length L`
+makes every output of both engines exactly L tokens (end of sentence banned until then, as a
+peer benchmark's forced length does), so both do the same decoding work whatever each one's
+model would have said: the check that the two translate alike is then skipped, and each pass
+checks the lengths instead.
 
 Not a test: timings need an otherwise idle machine. Each engine is timed in a process of its
 own that imports neither torch nor the other engine (`--worker`; with torch in the process,
@@ -39,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from src.core import paths  # noqa: E402
 from src.core.scoring import bleu  # noqa: E402
-from src.data.subword import drop_broken_bytes  # noqa: E402
+from src.data.subword import decode_ids, drop_broken_bytes  # noqa: E402
 from src.runtime import generation  # noqa: E402  (no onnxruntime until a session opens)
 
 SCRIPT = Path(__file__).resolve()
@@ -72,19 +76,24 @@ class Ct2Engine:
         self.eos_piece = self.source.id_to_piece(int(meta["eos_id"]))
         self.meta = meta
         self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
+        self.force_length = spec.get("force_length")
 
     def run(self, lines: list[str], beam: int) -> list[str]:
         tokens = [self.source.encode(line, out_type=str)[: self.limit() - 1] + [self.eos_piece]
                   for line in lines]
-        new_tokens = generation.max_new_tokens(
+        new_tokens = self.force_length or generation.max_new_tokens(
             max(len(t) for t in tokens), float(self.meta["max_length_ratio"]),
             int(self.meta["max_output_tokens"]))
         extra = {}
         if self.scores or self.n_best > 1:
             extra = {"return_scores": True, "num_hypotheses": self.n_best}
+        if self.force_length:
+            extra["min_decoding_length"] = self.force_length
         options = self.options(self.target_pieces, beam, new_tokens,
                                float(self.meta["length_penalty"]))
         results = self.translator.translate_batch(tokens, **(options | extra))
+        if self.force_length:
+            check_lengths([len(r.hypotheses[0]) for r in results], self.force_length)
         # As our decoders do: drop stray byte pieces, so both engines are scored alike.
         return [drop_broken_bytes(self.target.decode(r.hypotheses[0])) for r in results]
 
@@ -101,13 +110,36 @@ class OnnxEngine:
                                                      threads=spec["threads"],
                                                      warn=lambda _: None)
         self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
+        self.force_length = spec.get("force_length")
 
     def run(self, lines: list[str], beam: int) -> list[str]:
+        if self.force_length:
+            return self.run_forced(lines, beam)
         if self.scores or self.n_best > 1:
             found = self.translator.translate_scored(lines, beam, None, batch_size=len(lines),
                                                      n_best=self.n_best)
             return [hyps[0].text if hyps else "" for hyps in found]
         return self.translator.translate(lines, beam, None, batch_size=len(lines))
+
+    def run_forced(self, lines: list[str], beam: int) -> list[str]:
+        """Exactly `force_length` new tokens per line: `min_length` = `max_length`."""
+        model = self.translator
+        src = generation.pad_rows([model.encode(line, i + 1) for i, line in enumerate(lines)],
+                                  model.pad)
+        feeds = generation.search_feeds(src, self.force_length, beam,
+                                        float(model.meta["length_penalty"]))
+        feeds["min_length"] = feeds["max_length"]
+        (sequences,) = model.session.run(["sequences"], feeds)
+        ids = generation.parse_sequences(sequences, model.pad)
+        check_lengths([len(row) for row in ids], self.force_length)
+        return decode_ids(model.target, ids, model.eos)
+
+
+def check_lengths(lengths: list[int], wanted: int) -> None:
+    """A forced pass that produced another length would time other work: stop."""
+    if set(lengths) != {wanted}:
+        sys.exit(f"error: --force-length {wanted}: the engine produced outputs of "
+                 f"{sorted(set(lengths))} tokens")
 
 
 def translate_all(engine, lines: list[str], batch_size: int, beam: int,
@@ -202,6 +234,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="a dir of our files (same weights, other code) timed as a third "
                              "engine, ours_baseline")
+    parser.add_argument("--force-length", type=int, metavar="L",
+                        help="every output of both engines exactly L tokens (no early end)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one timing process
     args = parser.parse_args()
@@ -230,7 +264,8 @@ def main() -> None:
         ct2_dir = convert(args.models / "model.pt", tokenizer_dir, Path(work) / "ct2")
         base = {"models": str(args.models), "ct2_dir": str(ct2_dir),
                 "tokenizer_dir": str(tokenizer_dir), "meta": meta, "device": args.device,
-                "scores": args.scores, "n_best": args.n_best}
+                "scores": args.scores, "n_best": args.n_best,
+                "force_length": args.force_length}
         names = ["ours", "ctranslate2"] + (["ours_baseline"] if args.baseline else [])
         models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
 
@@ -254,7 +289,7 @@ def main() -> None:
             return best, outputs
 
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
-        for precision in precisions:
+        for precision in precisions if not args.force_length else ():
             beam = max(4, args.n_best)
             _, outputs = passes(precision, 2, [[beam, 32]], sources, 1, keep_outputs=True)
             ours, theirs = (outputs["ours"][f"{beam},32"],
@@ -277,7 +312,7 @@ def main() -> None:
                     row = {"kind": "speed", "precision": precision, "threads": threads,
                            "beam": beam, "batch": size, "sentences": len(lines),
                            "repeats": args.repeats, "scores": args.scores,
-                           "n_best": args.n_best}
+                           "n_best": args.n_best, "force_length": args.force_length}
                     for name in names:
                         seconds = best[name][f"{beam},{size}"]
                         row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)

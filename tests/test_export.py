@@ -903,6 +903,23 @@ def test_engine_benchmark_times_n_best_lists_and_a_baseline(project, tmp_path):
     assert refused.returncode == 2 and "--n-best 2 needs every beam" in refused.stderr
 
 
+def test_engine_benchmark_forces_both_engines_to_one_length(project, tmp_path):
+    """--force-length 6: every pass of both engines returns exactly 6 tokens per sentence (a
+    worker stops otherwise, so the run would fail), greedy and beam; no quality rows, since
+    forced outputs are not translations."""
+    out = tmp_path / "engines.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--models",
+         str(project / "models"), "--split-dir", str(project / "data/tokenized"),
+         "--sentences", "8", "--threads", "1", "--beams", "1,2", "--batches", "4",
+         "--precisions", "fp32", "--repeats", "1", "--force-length", "6", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["kind"], r["beam"], r["force_length"]) for r in rows] == \
+        [("speed", 1, 6), ("speed", 2, 6)]
+
+
 def test_profile_script_shares_the_run_out_by_operator(project):
     """scripts/profile_file.py on the tiny int8 model: the search's control nodes listed
     apart, the int8 products among the leaf operators, every share below 100%."""
