@@ -6,6 +6,7 @@ validates and writes."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -69,6 +70,89 @@ def train_curve_rows(st, lr: float) -> list[dict]:
                         "tokens_per_s": round(overall, 1)}]
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """The step counts the cosine horizon is set from: bidirectional epochs hold twice the
+    pairs, so they are counted apart."""
+
+    steps_per_epoch: int
+    both_ways: int  # epochs in both directions
+    steps_both_ways: int
+    total_steps: int
+
+    @classmethod
+    def of(cls, corpus: TrainingCorpus, cfg: TrainParams, world_size: int) -> Schedule:
+        def epoch_steps(epoch: int) -> int:
+            n_batches = len(token_batches(*corpus.epoch(epoch).lengths(), cfg.max_tokens,
+                                          cfg.seed, length_multiple=cfg.length_multiple))
+            steps = steps_in_epoch(n_batches, cfg.accumulation_steps, world_size)
+            if steps == 0:
+                raise PipelineError(
+                    f"{n_batches} batches cannot give each of {world_size} ranks "
+                    f"{cfg.accumulation_steps} per step: lower train.max_tokens or the world "
+                    "size")
+            return steps
+
+        # epoch 0 last: the corpus keeps the epoch it built last, and training starts there
+        steps_per_epoch = epoch_steps(cfg.bidirectional_epochs)
+        both_ways = min(cfg.bidirectional_epochs, cfg.epochs)
+        steps_both_ways = epoch_steps(0) if both_ways else 0
+        total = cfg.max_steps or (steps_per_epoch * (cfg.epochs - both_ways)
+                                  + steps_both_ways * both_ways)
+        return cls(steps_per_epoch, both_ways, steps_both_ways, total)
+
+    def describe(self, epochs: int) -> str:
+        per_epoch = f"~{self.steps_per_epoch:,} steps/epoch"
+        if not self.both_ways:
+            return per_epoch
+        return f"~{self.steps_both_ways:,} steps/epoch in both directions" + (
+            f" for the first {self.both_ways}, then {per_epoch}" if self.both_ways < epochs
+            else "")
+
+
+def finish(trainer: Trainer, selection, score_valid: ValidScorer, valid_data, tokenizers,
+           cfg: TrainParams, model_out: Path, reports: tuple[Path, Path], run,
+           facts: dict) -> dict:
+    """After the last epoch, on rank 0: the averaged model scored on valid and saved, the
+    curves, the reports and the MLflow metrics; returns the summary. `facts`: n_parameters,
+    threads, world_size, precision, global_batch_tokens."""
+    metrics, stats = reports
+    model, st = trainer.model, trainer.state
+    weights, epochs = selection.averaged_weights()
+    failpoints.hit("during_averaging")
+    model.load_state_dict(weights)
+    final_valid = score_valid(model, trainer.device)  # of the averaged model
+    if "valid_bleu" not in final_valid:  # select_by loss: BLEU is still the headline
+        final_valid["valid_bleu"] = validation_bleu(model, *valid_data, tokenizers,
+                                                    tokenizers.target_lang,
+                                                    cfg.valid_max_length_ratio)
+    checkpoint.save(checkpoint.model_state(model, averaged_epochs=epochs), model_out)
+    write_curve(metrics.with_name(paths.TRAIN_CURVE.name),
+                train_curve_rows(st, trainer.scheduler.get_last_lr()[0]))
+    write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)
+    summary = {
+        "n_parameters": facts["n_parameters"],
+        "steps": st.step,
+        "epochs": st.epoch,
+        "threads": facts["threads"],
+        "world_size": facts["world_size"],
+        "precision": facts["precision"],
+        "global_batch_tokens": facts["global_batch_tokens"],
+        "train_seconds": round(st.train_seconds, 1),
+        "train_minutes": round(st.train_seconds / 60, 1),
+        "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
+        "best_epoch_valid_" + cfg.select_by: round(abs(st.best_criterion), 4),
+        "averaged_epochs": len(epochs),
+    } | {"final_" + k: round(v, 4) for k, v in final_valid.items() if k != "criterion"}
+    summary["valid_bleu"] = round(final_valid["valid_bleu"], 2)
+    write_report(summary, stats, metrics, TRAIN_HEADLINE)
+    # valid_bleu is the curve's name in MLflow; there the final model's is final_valid_bleu
+    # precision is text: a tag (set at the start), not a metric
+    run.log_metrics({k: v for k, v in summary.items() if k not in {"valid_bleu", "precision"}})
+    run.log_artifact(model_out, "model")
+    return summary
+
+
 def train(
     world: World,
     model_params: ModelParams,
@@ -81,7 +165,6 @@ def train(
     checkpoint_every_steps: int,
     parent_dir: Path = paths.PARENT,
 ) -> None:
-    metrics, stats = reports
     keep_freed_memory()
     threads = cfg.threads or world.default_threads()  # 0: resolved and recorded
     torch.set_num_threads(threads)
@@ -100,24 +183,7 @@ def train(
     if world.distributed:
         torch.manual_seed(cfg.seed + world.rank)  # same initial weights, own dropout masks
     params = {"model": model_params.model_dump(), "train": cfg.model_dump()}
-
-    def epoch_steps(epoch: int) -> int:
-        n_batches = len(token_batches(*corpus.epoch(epoch).lengths(), cfg.max_tokens, cfg.seed,
-                                      length_multiple=cfg.length_multiple))
-        steps = steps_in_epoch(n_batches, cfg.accumulation_steps, world.size)
-        if steps == 0:
-            raise PipelineError(
-                f"{n_batches} batches cannot give each of {world.size} ranks "
-                f"{cfg.accumulation_steps} per step: lower train.max_tokens or the world size")
-        return steps
-
-    # the cosine horizon: bidirectional epochs hold twice the pairs, so count them apart
-    # (epoch 0 last: the corpus keeps the epoch it built last, and training starts there)
-    steps_per_epoch = epoch_steps(cfg.bidirectional_epochs)
-    both_ways = min(cfg.bidirectional_epochs, cfg.epochs)
-    steps_both_ways = epoch_steps(0) if both_ways else 0
-    total_steps = cfg.max_steps or (steps_per_epoch * (cfg.epochs - both_ways)
-                                    + steps_both_ways * both_ways)
+    schedule = Schedule.of(corpus, cfg, world.size)
     # The tokenizer's languages and shared_vocab are part of the data a checkpoint must match.
     # hashed once (it reads every byte of the data), then shared with the other ranks
     digest = world.from_main(data_digest(data_dir, tokenizer_dir) if world.is_main else None)
@@ -126,24 +192,19 @@ def train(
         note(warning)
     store = ResumeStore(ckpt_dir, trajectory_params(model_params, cfg_for_resume,
                                                     precision.name), digest)
-    trainer = Trainer(model, cfg, device, total_steps, store, threads, world, precision)
+    trainer = Trainer(model, cfg, device, schedule.total_steps, store, threads, world,
+                      precision)
     trainer.try_resume()
     score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang,
                               cfg.valid_max_length_ratio)
     n_params = count_parameters(model)
     global_batch = cfg.max_tokens * batches_per_step(cfg.accumulation_steps, world.size)
     if world.is_main:
-        per_epoch = f"~{steps_per_epoch:,} steps/epoch"
-        if both_ways:
-            per_epoch = f"~{steps_both_ways:,} steps/epoch in both directions" + (
-                f" for the first {both_ways}, then {per_epoch}" if both_ways < cfg.epochs else "")
-        print(
-            f"train: {n_params:,} parameters, {len(corpus.ids[0]):,} pairs, "
-            f"{per_epoch} on {device}, {world.size} rank(s) x "
-            f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
-            f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} ranks); "
-            f"{precision.name} ({precision.reason})"
-        )
+        print(f"train: {n_params:,} parameters, {len(corpus.ids[0]):,} pairs, "
+              f"{schedule.describe(cfg.epochs)} on {device}, {world.size} rank(s) x "
+              f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
+              f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} "
+              f"ranks); {precision.name} ({precision.reason})")
     opened = (tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir],
                                  system_metrics=True)
               if world.is_main else nullcontext(tracking.NullRun()))
@@ -157,36 +218,9 @@ def train(
         )
         if not world.is_main:
             return
-        st = trainer.state
-        weights, epochs = selection.averaged_weights()
-        failpoints.hit("during_averaging")
-        model.load_state_dict(weights)
-        final_valid = score_valid(model, device)  # of the averaged model
-        if "valid_bleu" not in final_valid:  # select_by loss: BLEU is still the headline
-            final_valid["valid_bleu"] = validation_bleu(model, *valid_data, tokenizers,
-                                                        target_lang, cfg.valid_max_length_ratio)
-        checkpoint.save(checkpoint.model_state(model, averaged_epochs=epochs), model_out)
-        write_curve(metrics.with_name(paths.TRAIN_CURVE.name),
-                    train_curve_rows(st, trainer.scheduler.get_last_lr()[0]))
-        write_curve(metrics.with_name(paths.VALID_CURVE.name), st.valid_curve)
-        summary = {
-            "n_parameters": n_params,
-            "steps": st.step,
-            "epochs": st.epoch,
-            "threads": threads,
-            "world_size": world.size,
-            "precision": precision.name,
-            "global_batch_tokens": global_batch,
-            "train_seconds": round(st.train_seconds, 1),
-            "train_minutes": round(st.train_seconds / 60, 1),
-            "tokens_per_s": round(st.tokens_seen / max(st.train_seconds, 1e-9), 1),
-            "best_epoch_valid_" + cfg.select_by: round(abs(st.best_criterion), 4),
-            "averaged_epochs": len(epochs),
-        } | {"final_" + k: round(v, 4) for k, v in final_valid.items() if k != "criterion"}
-        summary["valid_bleu"] = round(final_valid["valid_bleu"], 2)
-        write_report(summary, stats, metrics, TRAIN_HEADLINE)
-        # valid_bleu is the curve's name in MLflow; there the final model's is final_valid_bleu
-        # precision is text: a tag (set at the start), not a metric
-        run.log_metrics({k: v for k, v in summary.items() if k not in {"valid_bleu", "precision"}})
-        run.log_artifact(model_out, "model")
+        summary = finish(trainer, selection, score_valid, valid_data, tokenizers, cfg,
+                         model_out, reports, run, facts={
+                             "n_parameters": n_params, "threads": threads,
+                             "world_size": world.size, "precision": precision.name,
+                             "global_batch_tokens": global_batch})
     print("train: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
