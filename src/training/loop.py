@@ -55,7 +55,7 @@ def run_training(
     max_positions: int,
     checkpoint_every_steps: int,
 ) -> EpochSelection:
-    cfg, model, world = trainer.cfg, trainer.model, trainer.world
+    cfg, world = trainer.cfg, trainer.world
     st = trainer.state
     selection = EpochSelection(trainer.store.dir, st, cfg.average_best, cfg.patience,
                                write=world.is_main)
@@ -67,15 +67,8 @@ def run_training(
         say = bar.console.print if world.is_main else (lambda *a, **k: None)
         task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
         while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
-            pairs = corpus.epoch(st.epoch)
-            src_lens, tgt_lens = pairs.lengths()
-            # what each sentence puts in tgt_out (clipped, + EOS): the loss normaliser of a step
-            target_tokens = np.minimum(tgt_lens, max_positions - 1) + 1
-            epoch_batches = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + st.epoch,
-                                          length_multiple=cfg.length_multiple)
-            usable = min(len(epoch_batches),
-                         steps_in_epoch(len(epoch_batches), cfg.accumulation_steps,
-                                        world.size) * span)
+            pairs, target_tokens, epoch_batches, usable = epoch_plan(
+                corpus, st.epoch, cfg, world.size, max_positions)
             bar.update(
                 task,
                 total=usable,
@@ -128,34 +121,52 @@ def run_training(
                     if st.step % checkpoint_every_steps == 0:
                         trainer.save_last()
                         failpoints.hit("after_periodic_save")
-            failpoints.hit("before_validation")
-            # Rank 0 scores the valid split; the others wait for its numbers. A stop here saves
-            # the epoch's steps (validation changes no state), as one between steps does.
-            with saved_if_stopped(trainer, say):
-                valid = world.from_main(score_valid(model, trainer.device) if world.is_main
-                                        else None)
-            criterion = valid.pop("criterion")
-            st.valid_curve.append(
-                {"epoch": st.epoch + 1, "step": st.step}
-                | {k: round(v, 4) for k, v in valid.items()}
-            )
-            run.log_metrics(valid | {"epoch": st.epoch + 1}, step=st.step)
-            improved = selection.record(model, st.epoch, criterion)
-            bleu_text = f", valid BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else ""
-            say(
-                f"epoch {st.epoch + 1}: step {st.step}, train loss {st.last_loss:.3f}, "
-                f"valid loss {valid['valid_loss']:.3f}{bleu_text}{' *' if improved else ''}, "
-                f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s"
-            )
-            st.epoch += 1
-            st.batch_in_epoch = 0
-            trainer.save_last()
-            failpoints.hit("after_epoch_save")
-            selection.prune()
+            end_epoch(trainer, score_valid, selection, run, say)
             reason = stop_reason(cfg, st, selection)
             if reason and st.epoch < cfg.epochs:
                 say(f"stop: {reason}")
     return selection
+
+
+def epoch_plan(corpus: TrainingCorpus, epoch: int, cfg: TrainParams, world_size: int,
+               max_positions: int):
+    """An epoch's pairs, each sentence's loss tokens, its token batches and how many of them
+    the ranks can use (whole steps only)."""
+    pairs = corpus.epoch(epoch)
+    src_lens, tgt_lens = pairs.lengths()
+    # what each sentence puts in tgt_out (clipped, + EOS): the loss normaliser of a step
+    target_tokens = np.minimum(tgt_lens, max_positions - 1) + 1
+    epoch_batches = token_batches(src_lens, tgt_lens, cfg.max_tokens, cfg.seed + epoch,
+                                  length_multiple=cfg.length_multiple)
+    span = batches_per_step(cfg.accumulation_steps, world_size)
+    usable = min(len(epoch_batches),
+                 steps_in_epoch(len(epoch_batches), cfg.accumulation_steps, world_size) * span)
+    return pairs, target_tokens, epoch_batches, usable
+
+
+def end_epoch(trainer: Trainer, score_valid: ValidScorer, selection: EpochSelection, run,
+              say) -> None:
+    """Score the valid split, record the epoch for selection, save last.pt at the epoch's end."""
+    st, world, model = trainer.state, trainer.world, trainer.model
+    failpoints.hit("before_validation")
+    # Rank 0 scores the valid split; the others wait for its numbers. A stop here saves
+    # the epoch's steps (validation changes no state), as one between steps does.
+    with saved_if_stopped(trainer, say):
+        valid = world.from_main(score_valid(model, trainer.device) if world.is_main else None)
+    criterion = valid.pop("criterion")
+    st.valid_curve.append({"epoch": st.epoch + 1, "step": st.step}
+                          | {k: round(v, 4) for k, v in valid.items()})
+    run.log_metrics(valid | {"epoch": st.epoch + 1}, step=st.step)
+    improved = selection.record(model, st.epoch, criterion)
+    bleu_text = f", valid BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else ""
+    say(f"epoch {st.epoch + 1}: step {st.step}, train loss {st.last_loss:.3f}, "
+        f"valid loss {valid['valid_loss']:.3f}{bleu_text}{' *' if improved else ''}, "
+        f"{st.tokens_seen / max(st.train_seconds, 1e-9):,.0f} tok/s")
+    st.epoch += 1
+    st.batch_in_epoch = 0
+    trainer.save_last()
+    failpoints.hit("after_epoch_save")
+    selection.prune()
 
 
 def save_at_stop(trainer: Trainer, say) -> None:
