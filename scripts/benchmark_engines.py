@@ -245,6 +245,9 @@ def main() -> None:
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     if args.n_best > min(ints(args.beams)):
         parser.error(f"--n-best {args.n_best} needs every beam of --beams to be at least that")
+    if args.force_length and (args.scores or args.n_best > 1):
+        parser.error("--force-length times one unscored translation per sentence: not with "
+                     "--scores or --n-best")
     if args.device == "cuda":
         require_gpu()
     tokenizer_dir = args.models / "tokenizer"

@@ -918,6 +918,10 @@ def test_engine_benchmark_forces_both_engines_to_one_length(project, tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["kind"], r["beam"], r["force_length"]) for r in rows] == \
         [("speed", 1, 6), ("speed", 2, 6)]
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--force-length", "6",
+         "--scores"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "not with --scores or --n-best" in refused.stderr
 
 
 def test_profile_script_shares_the_run_out_by_operator(project):
