@@ -21,6 +21,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.compute as pc
 import typer
 
 from src.core import paths, tracking
@@ -30,7 +31,7 @@ from src.core.errors import PipelineError, require_file
 from src.core.params import PairParams, SplitParams, load_params
 from src.core.text import read_lines
 from src.data.mixing import CorpusFile, mix
-from src.data.splitting import read_pairs, write_parts
+from src.data.splitting import pairs_table, read_pairs, write_parts
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -63,8 +64,8 @@ def main(
         held_out = frozenset(src for rows in named.values() for src, _ in rows)
         mixed = mix(corpora, pair, cfg, test, held_out)
         per_corpus = mixed.counts
-        parts = mixed.parts | {paths.NAMED_TEST_SPLIT.format(name): rows
-                                      for name, rows in named.items()}
+        parts = mixed.parts | {paths.NAMED_TEST_SPLIT.format(name): pairs_table(rows)
+                               for name, rows in named.items()}
         write_parts(parts, out_dir)
         total = {key: sum(c[key] for c in per_corpus.values())
                  for key in ("kept", "dropped_in_test_set")}
@@ -77,8 +78,9 @@ def main(
                 f"dropped_{k}": sum(c[f"dropped_{k}"] for c in per_corpus.values())
                 for k in ("empty", "malformed", "too_long", "duplicate")
             },
-            **{f"n_{name}": len(rows) for name, rows in parts.items()},
-            **{f"sources_{name}": len({s for s, _ in rows}) for name, rows in parts.items()},
+            **{f"n_{name}": table.num_rows for name, table in parts.items()},
+            **{f"sources_{name}": pc.count_distinct(table["source"]).as_py()
+               for name, table in parts.items()},
         }
         write_json(stats, counts | {"corpora": per_corpus})
         run.log_metrics(counts | {f"{name}.{key}": value for name, c in per_corpus.items()
@@ -116,7 +118,7 @@ def read_test_set(path: Path, pair: PairParams, what: str) -> tuple[list, Counte
     scored (empty side, missing column) are counted and warned about, since scores on a
     shortened test set are not comparable with published ones."""
     require_file(path, "download")
-    read = read_pairs(read_lines(path), pair, max_chars=10**9, dedupe=False)
+    read = read_pairs(read_lines(path), pair, max_chars=10**9)
     if not read.pairs:
         raise PipelineError(f"{path}: {what} has no valid pair")
     if read.dropped:

@@ -274,3 +274,14 @@ def test_a_hub_corpus_over_max_bytes_is_refused_and_nothing_written(tmp_path):
     assert_one_line_error(download(root, cache),
                           "corpus 'opus' is larger than download.max_bytes (500 bytes)")
     assert not (root / "data/raw").exists()
+
+
+def test_max_pairs_of_a_path_corpus_splits_lines_at_newlines_only(tmp_path):
+    """A sampled path corpus keeps a lone "\\r" inside its line, as every stage reads lines,
+    instead of cutting the pair in two (bytes.splitlines would)."""
+    corpus = tmp_path / "corpus.tsv"
+    corpus.write_bytes("".join(f"Line {i}\r end.\t第{i}行。\n" for i in range(12)).encode())
+    root = hub_root(tmp_path, [{"name": "local", "url": str(corpus), "max_pairs": 5}])
+    assert run_stage(root, "download").returncode == 0
+    lines = (root / "data/raw/local.tsv").read_bytes().split(b"\n")[:-1]
+    assert len(lines) == 5 and all(b"\r end.\t" in line for line in lines)

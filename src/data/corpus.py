@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import io
 import re
 import zipfile
 import zlib
@@ -187,7 +188,8 @@ def write_source(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, pair: Pair
             raise PipelineError(f"{_sha_key(spec, cfg)} mismatch: expected {sha256}, got "
                                 f"{got} for {redact(spec.url)} (the corpus changed upstream?)")
         data = fetched["corpus"]
-        lines = iter([data] if not max_pairs else data.splitlines(keepends=True))
+        # lines end at "\n" only (as src/core/text.py reads them), streamed from the bytes
+        lines = iter([data] if not max_pairs else io.BytesIO(data))
         source = {key: fetched["info"][key] for key in ("urls", "payload_sha256")}
     if max_pairs:
         lines = iter(hub.sample_lines(lines, max_pairs, spec.seed))

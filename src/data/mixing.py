@@ -10,22 +10,43 @@ scored.
 
 A pair two corpora share is kept by the corpus listed first (later ones count it as a
 duplicate); a pair whose source sentence is in the test set is dropped from train and valid
-(counted as `dropped_in_test_set`)."""
+(counted as `dropped_in_test_set`).
+
+The pooled pairs are held as Arrow columns (about the size of the text) and de-duplicated by a
+64-bit digest per pair, never as a Python list of all pairs, so a corpus of millions of pairs
+stays cheap to split."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
 
 from src.core.errors import PipelineError
 from src.core.params import PairParams, SplitParams
 from src.core.text import read_lines
-from src.data.splitting import Pair, part_of_each, read_pairs
+from src.data.splitting import (
+    IN_TEST_SET,
+    PARTS,
+    TEST,
+    TRAIN,
+    UNUSED,
+    VALID,
+    Pair,
+    clean_pairs,
+    pairs_table,
+    part_codes,
+)
 
 DROP_REASONS = ("empty", "malformed", "too_long", "duplicate")
+BATCH_PAIRS = 65_536  # pairs per Arrow batch while a corpus is read
 
 
 @dataclass(frozen=True)
@@ -37,70 +58,111 @@ class CorpusFile:
 
 @dataclass
 class Mixed:
-    parts: dict[str, list[Pair]]
+    parts: dict[str, pa.Table]  # source, target columns
     counts: dict[str, dict[str, int]]  # per corpus name
 
 
-def read_corpora(corpora: list[CorpusFile], pair: PairParams, max_chars: int):
-    """All corpora's cleaned pairs in list order, the corpus index of each, and per-corpus
-    counts of lines read and pairs dropped (a pair an earlier corpus has is a duplicate)."""
-    pairs: list[Pair] = []
-    owner: list[int] = []
-    counts: dict[str, dict[str, int]] = {}
+def batches(pairs: Iterator[Pair], index: int) -> Iterator[pa.RecordBatch]:
+    """The pairs as Arrow batches of source, target, the corpus index and a 64-bit digest of
+    the pair for `first_occurrences` (Python's own hash: salted per process, which is harmless
+    since rows that share a digest are compared as text)."""
+    while chunk := list(islice(pairs, BATCH_PAIRS)):
+        yield pa.record_batch({
+            "source": pa.array([s for s, _ in chunk], pa.string()),
+            "target": pa.array([t for _, t in chunk], pa.string()),
+            "corpus": pa.array(np.full(len(chunk), index, np.int32)),
+            "digest": pa.array(np.fromiter(map(hash, chunk), np.int64, len(chunk))),
+        })
+
+
+def first_occurrences(table: pa.Table) -> np.ndarray:
+    """True for each row whose (source, target) no earlier row has. Rows are told apart by
+    their digests; only rows whose digest another row shares (duplicates, and in principle a
+    collision) are compared as text, so memory stays a few bytes per row."""
+    digests = table["digest"].to_numpy()
+    _, first, group, size = np.unique(digests, return_index=True, return_inverse=True,
+                                      return_counts=True)
+    keep = np.zeros(table.num_rows, bool)
+    keep[first] = True
+    shared = np.flatnonzero(size[group] > 1)  # ascending: corpus order
+    columns = [table[name].take(pa.array(shared)).to_pylist() for name in ("source", "target")]
     seen: set[Pair] = set()
+    for row, one in zip(shared, zip(*columns)):
+        keep[row] = one not in seen
+        seen.add(one)
+    return keep
+
+
+def read_corpora(corpora: list[CorpusFile], pair: PairParams, max_chars: int
+                 ) -> tuple[pa.Table, dict[str, dict[str, int]]]:
+    """All corpora's cleaned pairs in list order as one table (source, target, corpus index),
+    each distinct pair once, and per-corpus counts of lines read and pairs dropped (a pair an
+    earlier corpus or line has is a duplicate)."""
+    read: list[pa.RecordBatch] = []
+    dropped = [Counter() for _ in corpora]
     for index, corpus in enumerate(corpora):
-        lines = read_lines(corpus.path)
-        cleaned = read_pairs(lines, pair, max_chars, seen=seen)
+        pairs = clean_pairs(read_lines(corpus.path), pair, max_chars, dropped[index])
+        read += batches(pairs, index)
+    schema = pa.schema({"source": pa.string(), "target": pa.string(), "corpus": pa.int32(),
+                        "digest": pa.int64()})
+    table = pa.Table.from_batches(read, schema)
+    del read
+    keep = first_occurrences(table)
+    owner = table["corpus"].to_numpy()
+    cleaned = np.bincount(owner, minlength=len(corpora))
+    duplicates = np.bincount(owner[~keep], minlength=len(corpora))
+    counts = {}
+    for index, corpus in enumerate(corpora):
+        read_lines_count = int(cleaned[index]) + sum(dropped[index].values())
+        dropped[index]["duplicate"] = int(duplicates[index])
         counts[corpus.name] = {
-            "read": len(cleaned.pairs) + sum(cleaned.dropped.values()),
-            **{f"dropped_{why}": cleaned.dropped.get(why, 0) for why in DROP_REASONS},
+            "read": read_lines_count,
+            **{f"dropped_{why}": dropped[index].get(why, 0) for why in DROP_REASONS},
         }
-        pairs += cleaned.pairs
-        owner += [index] * len(cleaned.pairs)
-    return pairs, owner, counts
+    table = table.filter(pa.array(keep))  # the unfiltered columns freed before the next copy
+    # one chunk: the parts taken from it are one chunk each, as `write_parts` stores them
+    return table.combine_chunks(), counts
 
 
-def copies(n_train: int, weight: float, rng: random.Random) -> list[int]:
+def copies(n_train: int, weight: float, rng: random.Random) -> np.ndarray:
     """How many times each of a corpus's `n_train` training pairs is taken at `weight`."""
     whole, fraction = math.floor(weight), weight - math.floor(weight)
-    extra = set(rng.sample(range(n_train), round(fraction * n_train)))
-    return [whole + (i in extra) for i in range(n_train)]
+    times = np.full(n_train, whole, np.int64)
+    times[rng.sample(range(n_train), round(fraction * n_train))] += 1
+    return times
 
 
 def mix(corpora: list[CorpusFile], pair: PairParams, cfg: SplitParams,
         test: list[Pair] | None = None, held_out: frozenset[str] = frozenset()) -> Mixed:
     """The parts train/valid/test of the pooled corpora (see the module docstring); pairs
     whose source is in `test` or `held_out` (the named test sets' sources) are left out."""
-    pairs, owner, counts = read_corpora(corpora, pair, cfg.max_chars)
-    if not pairs:
+    table, counts = read_corpora(corpora, pair, cfg.max_chars)
+    if not table.num_rows:
         raise PipelineError(f"{', '.join(str(c.path) for c in corpora)}: no valid "
                             f"'{pair.source_lang}<TAB>{pair.target_lang}' line found")
-    labels = part_of_each(pairs, cfg, test, held_out)
-    per_corpus = [Counter() for _ in corpora]
-    for index, label in zip(owner, labels):
-        per_corpus[index][label] += 1
-    times = {}
+    test_sources = frozenset(src for src, _ in test or ()) | held_out
+    codes = part_codes(table["source"], cfg, test_sources, predefined_test=bool(test))
+    owner = table["corpus"].to_numpy()
+    per_corpus = np.bincount(owner * len(PARTS) + codes,
+                             minlength=len(corpora) * len(PARTS)).reshape(-1, len(PARTS))
+    times = np.zeros(table.num_rows, np.int64)
     for index, corpus in enumerate(corpora):
-        rng = random.Random(f"{cfg.seed}/{corpus.name}")
-        times[index] = iter(copies(per_corpus[index]["train"], corpus.weight, rng))
-    parts: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
-    weighted = Counter()
-    for one, index, label in zip(pairs, owner, labels):
-        if label == "train":
-            taken = next(times[index])
-            parts["train"] += [one] * taken
-            weighted[index] += taken
-        elif label in parts:
-            parts[label].append(one)
-    if test:
-        parts["test"] = list(test)
+        rows = np.flatnonzero((owner == index) & (codes == TRAIN))
+        times[rows] = copies(len(rows), corpus.weight, random.Random(f"{cfg.seed}/{corpus.name}"))
+    pairs = table.select(["source", "target"])
+    train_rows = np.flatnonzero(codes == TRAIN)
+    parts = {
+        "train": pairs.take(pa.array(np.repeat(train_rows, times[train_rows]))),
+        "valid": pairs.filter(pa.array(codes == VALID)),
+        "test": pairs_table(test) if test else pairs.filter(pa.array(codes == TEST)),
+    }
     for index, corpus in enumerate(corpora):
         got = per_corpus[index]
         counts[corpus.name] |= {
-            "dropped_in_test_set": got["in_test_set"],
-            "kept": got["train"] + got["valid"] + got["test"],
-            "train": got["train"], "valid": got["valid"], "test": got["test"],
-            "unused_by_train_fraction": got["unused"],
-            "train_weighted": weighted[index],
+            "dropped_in_test_set": int(got[IN_TEST_SET]),
+            "kept": int(got[TRAIN] + got[VALID] + got[TEST]),
+            "train": int(got[TRAIN]), "valid": int(got[VALID]), "test": int(got[TEST]),
+            "unused_by_train_fraction": int(got[UNUSED]),
+            "train_weighted": int(times[owner == index].sum()),
         }
     return Mixed(parts, counts)
