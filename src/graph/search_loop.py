@@ -375,22 +375,17 @@ def write_score(n: Nodes, out_scores: str, sents: str, score: str, better: str) 
                 n.op("Where", better, score, old))
 
 
-def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int,
-                 keep: set[str], inputs: dict[str, str], outputs: tuple[str, str], skip: str,
-                 skipped: tuple[str, str], greedy: bool = False) -> list[onnx.NodeProto]:
-    """Nodes of the outer graph from `inputs` (input_ids, max_length, min_length, num_beams,
-    length_penalty -> the names to read) to `outputs` (sequences, sequences_scores); `keep`
-    names the weights (outer initializers). Where the bool scalar `skip` holds, nothing runs
-    but a Loop of no step and `outputs` are `skipped`. `greedy`: the one-beam search
-    (`_greedy_body`), which does not read num_beams."""
+def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, keep: set[str],
+           inputs: dict[str, str], skip: str, greedy: bool, pre: str
+           ) -> tuple[onnx.NodeProto, dict[str, str], dict[str, str]]:
+    """The If that encodes the batch and makes the Loop's start values (one row per sentence),
+    or, where `skip` holds, small dummies instead; with the names it exposes and the outer
+    values the body reads (max_new, min_length, length_penalty; beam: the beam counts)."""
     selfs, crosses = _state_names(n_layers)
-    pre = "greedy/" if greedy else "search/"
     mask = f"{pre}attention_mask"
     encode_nodes, encoded = inline(encoder, f"{pre}encode/", {
         "encoder_input_ids": inputs["input_ids"], "encoder_attention_mask": mask}, keep)
     heads, d_head, float_type = _cross_input(decoder)
-    vocab = next(o for o in decoder.output if o.name == "logits").type.tensor_type.shape.dim[2]
-    vocab = vocab.dim_value
     n = Nodes(pre)
     is_pad = n.op("Equal", inputs["input_ids"], n.const(INT32, [PAD], []))
     n.op("Cast", n.op("Not", is_pad), to=INT32, out=mask)
@@ -475,18 +470,40 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
         else_branch=helper.make_graph(n.nodes, f"{tag}_setup", [], [
             helper.make_tensor_value_info(name, dtype, None)
             for name, dtype, _, _ in starts.values()]))
-    outer = {k: exposed[k] for k in outer}
+    return setup, exposed, {k: exposed[k] for k in outer}
+
+
+def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int,
+                 keep: set[str], inputs: dict[str, str], outputs: tuple[str, str], skip: str,
+                 skipped: tuple[str, str], greedy: bool = False) -> list[onnx.NodeProto]:
+    """Nodes of the outer graph from `inputs` (input_ids, max_length, min_length, num_beams,
+    length_penalty -> the names to read) to `outputs` (sequences, sequences_scores); `keep`
+    names the weights (outer initializers). Where the bool scalar `skip` holds, nothing runs
+    but a Loop of no step and `outputs` are `skipped`. `greedy`: the one-beam search
+    (`_greedy_body`), which does not read num_beams."""
+    pre = "greedy/" if greedy else "search/"
+    selfs, crosses = _state_names(n_layers)
+    setup, exposed, outer = _setup(encoder, decoder, n_layers, keep, inputs, skip, greedy, pre)
     small = ["sents", "tokens", "scores", "history"] \
         + ([] if greedy else ["best", "count"]) + ["out", "out_scores"]
+    vocab = next(o for o in decoder.output if o.name == "logits").type.tensor_type.shape.dim[2]
     body = (_greedy_body(decoder, n_layers, keep, outer) if greedy
-            else _body(decoder, n_layers, vocab, keep, outer))
+            else _body(decoder, n_layers, vocab.dim_value, keep, outer))
     ends = [f"{pre}end_{c}" for c in (*small, *selfs, *crosses, "mask")]
     loop = helper.make_node(
         "Loop", [exposed[k] for k in ("trip", "start", *small)]
         + [exposed["empty_cache"]] * len(selfs) + [exposed[c] for c in crosses]
         + [exposed["mask"]], ends, body=body)
     end = dict(zip(small, ends))
+    finish = _finish(end, exposed["batch_1"], outer, outputs, skip, skipped, greedy, pre)
+    return [setup, loop, finish]
 
+
+def _finish(end: dict[str, str], batch_1: str, outer: dict[str, str], outputs: tuple[str, str],
+            skip: str, skipped: tuple[str, str], greedy: bool, pre: str) -> onnx.NodeProto:
+    """The If that writes `outputs` (sequences, sequences_scores) from the Loop's `end`
+    values, or passes `skipped` through where `skip` holds."""
+    tag = pre.strip("/")
     # At the length limit, the open sentences' live beams compete with their finished ones
     # (greedy: each open sentence's one hypothesis is its result).
     n = Nodes(f"{pre}final/")
@@ -512,7 +529,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     final_scores = write_score(n, end["out_scores"], end["sents"], live_best, better)
     written = n.op("Slice", final, zero_1, n.op("Unsqueeze", steps, zero_1), one_1)
     bos = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
-               n.op("Concat", exposed["batch_1"], one_1, axis=0))
+               n.op("Concat", batch_1, one_1, axis=0))
     searched = n.op("Unsqueeze", n.op("Concat", bos, written, axis=1), one_1)
     scored = n.op("Unsqueeze", final_scores, one_1)                          # (B, 1)
     passed = [helper.make_node("Identity", [given], [f"{pre}final/skipped_{i}"])
@@ -525,4 +542,4 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
         else_branch=helper.make_graph(n.nodes, f"{tag}_final", [], [
             helper.make_tensor_value_info(searched, INT32, None),
             helper.make_tensor_value_info(scored, FLOAT, None)]))
-    return [setup, loop, finish]
+    return finish
