@@ -113,10 +113,10 @@ def read_corpora(corpora: list[CorpusFile], pair: PairParams, max_chars: int
     duplicates = np.bincount(owner[~keep], minlength=len(corpora))
     counts = {}
     for index, corpus in enumerate(corpora):
-        read_lines_count = int(cleaned[index]) + sum(dropped[index].values())
+        lines_read = int(cleaned[index]) + sum(dropped[index].values())
         dropped[index]["duplicate"] = int(duplicates[index])
         counts[corpus.name] = {
-            "read": read_lines_count,
+            "read": lines_read,
             **{f"dropped_{why}": dropped[index].get(why, 0) for why in DROP_REASONS},
         }
     table = table.filter(pa.array(keep))  # the unfiltered columns freed before the next copy
