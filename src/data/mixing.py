@@ -119,9 +119,8 @@ def read_corpora(corpora: list[CorpusFile], pair: PairParams, max_chars: int
             "read": lines_read,
             **{f"dropped_{why}": dropped[index].get(why, 0) for why in DROP_REASONS},
         }
-    table = table.filter(pa.array(keep))  # the unfiltered columns freed before the next copy
     # one chunk: the parts taken from it are one chunk each, as `write_parts` stores them
-    return table.combine_chunks(), counts
+    return table.filter(pa.array(keep)).combine_chunks(), counts
 
 
 def copies(n_train: int, weight: float, rng: random.Random) -> np.ndarray:
