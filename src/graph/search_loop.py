@@ -428,20 +428,7 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
     # name: (value, type, the skipped path's dims and values)
     starts = {"trip": (trip, INT64, [], [0]), "start": (start, BOOL, [], [False]),
               "sents": (sents, INT64, [0], []), "tokens": (tokens, INT32, [0, 1], [])}
-    if greedy:  # a row's sum of log-probabilities
-        starts["scores"] = (n.op("ConstantOfShape", batch_1,
-                                 value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B,)
-                            FLOAT, [0], [])
-    else:
-        starts.update({
-            "scores": (n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
-                            value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B, 1)
-                       FLOAT, [0, 1], []),
-            "best": (n.op("ConstantOfShape", batch_1,
-                          value=helper.make_tensor("v", FLOAT, [1], [float("-inf")])),
-                     FLOAT, [0], []),
-            "count": (n.op("ConstantOfShape", batch_1,
-                           value=helper.make_tensor("v", INT64, [1], [0])), INT64, [0], [])})
+    starts.update(_score_starts(n, batch_1, one_1, greedy))
     out_scores = n.op("ConstantOfShape", batch_1,
                       value=helper.make_tensor("v", FLOAT, [1], [float("-inf")]))  # (B,)
     starts.update({
@@ -458,6 +445,33 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
             "beams": (beams, INT64, [], [1]), "beams_1": (beams_1, INT64, [1], [1]),
             "two_beams": (two_beams, INT64, [1], [2]),
             "first_beams": (outer["first_beams"], BOOL, [2], [True, False])})
+    setup, exposed = _skippable(n.nodes, starts, skip, pre)
+    return setup, exposed, {k: exposed[k] for k in outer}
+
+
+def _score_starts(n: Nodes, batch_1: str, one_1: str, greedy: bool) -> dict[str, tuple]:
+    """The start values of the scores: greedy, a row's sum of log-probabilities (B,); beam
+    search, the beams' (B, 1), each sentence's best finished score and count of finished."""
+    if greedy:
+        return {"scores": (n.op("ConstantOfShape", batch_1,
+                                value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B,)
+                           FLOAT, [0], [])}
+    return {
+        "scores": (n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
+                        value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B, 1)
+                   FLOAT, [0, 1], []),
+        "best": (n.op("ConstantOfShape", batch_1,
+                      value=helper.make_tensor("v", FLOAT, [1], [float("-inf")])),
+                 FLOAT, [0], []),
+        "count": (n.op("ConstantOfShape", batch_1,
+                       value=helper.make_tensor("v", INT64, [1], [0])), INT64, [0], [])}
+
+
+def _skippable(nodes: list[onnx.NodeProto], starts: dict[str, tuple], skip: str, pre: str
+               ) -> tuple[onnx.NodeProto, dict[str, str]]:
+    """An If that runs `nodes` and returns the `starts` values, or, where `skip` holds, small
+    constants of their types (name: (value, type, the skipped path's dims and values)); and
+    the names it returns them under."""
     exposed = {k: f"{pre}{k}" for k in starts}
     dummies = [helper.make_node("Constant", [], [f"{pre}dummy_{k}"], value=helper.make_tensor(
         f"dummy_{k}", dtype, dims, values)) for k, (_, dtype, dims, values) in starts.items()]
@@ -467,10 +481,10 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
         then_branch=helper.make_graph(dummies, f"{tag}_skipped", [], [
             helper.make_tensor_value_info(f"{pre}dummy_{k}", dtype, None)
             for k, (_, dtype, _, _) in starts.items()]),
-        else_branch=helper.make_graph(n.nodes, f"{tag}_setup", [], [
+        else_branch=helper.make_graph(nodes, f"{tag}_setup", [], [
             helper.make_tensor_value_info(name, dtype, None)
             for name, dtype, _, _ in starts.values()]))
-    return setup, exposed, {k: exposed[k] for k in outer}
+    return setup, exposed
 
 
 def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int,
