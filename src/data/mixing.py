@@ -148,6 +148,7 @@ def mix(corpora: list[CorpusFile], pair: PairParams, cfg: SplitParams,
     for index, corpus in enumerate(corpora):
         rows = np.flatnonzero((owner == index) & (codes == TRAIN))
         times[rows] = copies(len(rows), corpus.weight, random.Random(f"{cfg.seed}/{corpus.name}"))
+    weighted = np.bincount(owner, weights=times, minlength=len(corpora))
     pairs = table.select(["source", "target"])
     train_rows = np.flatnonzero(codes == TRAIN)
     parts = {
@@ -162,6 +163,6 @@ def mix(corpora: list[CorpusFile], pair: PairParams, cfg: SplitParams,
             "kept": int(got[TRAIN] + got[VALID] + got[TEST]),
             "train": int(got[TRAIN]), "valid": int(got[VALID]), "test": int(got[TEST]),
             "unused_by_train_fraction": int(got[UNUSED]),
-            "train_weighted": int(times[owner == index].sum()),
+            "train_weighted": int(weighted[index]),
         }
     return Mixed(parts, counts)
