@@ -126,8 +126,9 @@ class OnnxEngine:
         model = self.translator
         src = generation.pad_rows([model.encode(line, i + 1) for i, line in enumerate(lines)],
                                   model.pad)
-        feeds = generation.search_feeds(src, self.force_length, beam,
-                                        float(model.meta["length_penalty"]))
+        feeds = generation.session_feeds(model.session, src, self.force_length, beam,
+                                         float(model.meta["length_penalty"]),
+                                         scores=self.scores)
         feeds["min_length"] = feeds["max_length"]
         (sequences,) = model.session.run(["sequences"], feeds)
         ids = generation.parse_sequences(sequences, model.pad)

@@ -170,7 +170,8 @@ def test_metadata_and_inputs_follow_the_contract(project):
     assert int(meta["max_source_tokens"]) == MAX_POSITIONS
     assert meta["source_tokenizer_sha256"] == generation.sha256(
         project / "models/tokenizer/source.model")
-    assert [i.name for i in sess.get_inputs()] == generation.SEARCH_INPUTS  # ORT-standard
+    assert [i.name for i in sess.get_inputs()] == [  # ORT-standard, then our own switch
+        *generation.SEARCH_INPUTS, generation.SCORE_SWITCH]
 
 
 def decoder_subgraph(path: Path) -> tuple[onnx.GraphProto, dict[str, list[int]]]:
@@ -662,8 +663,9 @@ TEXT_MODELS = {"model.text.onnx": "model.onnx", "model.int8.text.onnx": "model.i
 def test_text_model_takes_strings_and_returns_strings(project):
     model = onnx.load(str(project / "models/model.text.onnx"))
     graph = model.graph
-    assert [(i.name, i.type.tensor_type.elem_type) for i in graph.input] == [
-        ("text", onnx.TensorProto.STRING)]
+    assert [(i.name, i.type.WhichOneof("value")) for i in graph.input] == [
+        ("text", "tensor_type"), (generation.SCORE_SWITCH, "optional_type")]
+    assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.STRING
     assert [(o.name, o.type.tensor_type.elem_type) for o in graph.output] == [
         ("translation", onnx.TensorProto.STRING), ("score", onnx.TensorProto.FLOAT)]
     ops = [n.op_type for n in graph.node]
@@ -975,6 +977,52 @@ def test_scores_are_pytorchs_for_greedy_and_beam_in_every_search(project, tmp_pa
     assert worst["int8"] <= SCORE_TOLERANCE["int8"], worst
 
 
+def test_a_batch_asked_for_no_scores_skips_them_and_decodes_the_same(project):
+    """Greedy search of a batch with the score switch off returns the same sequences and
+    scores of 0 (its LogSoftmax runs on no rows); left out, the switch is on."""
+    from datasets import load_from_disk
+
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])[:16]
+    src = pad([clip_source(r, MAX_POSITIONS) for r in sources])
+    feeds = generation.search_feeds(src.numpy(), max_output_length(src, 2.0, model), 1, 1.0)
+    for name in ("model.onnx", "model.int8.onnx"):
+        sess = session(project / "models" / name)
+        default = sess.run(None, feeds)
+        on = sess.run(None, {**feeds, generation.SCORE_SWITCH: np.array([1], np.int32)})
+        off = sess.run(None, {**feeds, generation.SCORE_SWITCH: np.array([0], np.int32)})
+        assert np.array_equal(default[0], off[0]) and np.array_equal(default[0], on[0])
+        assert np.array_equal(default[1], on[1]) and (on[1] != 0).all()
+        assert (off[1] == 0).all(), name
+
+
+class FeedRecorder:
+    """A session that records the score switch of every run."""
+
+    def __init__(self, real):
+        self.real, self.switches = real, []
+
+    def get_inputs(self):
+        return self.real.get_inputs()
+
+    def run(self, names, feeds):
+        switch = feeds.get(generation.SCORE_SWITCH)
+        self.switches.append(None if switch is None else int(switch[0]))
+        return self.real.run(names, feeds)
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.text.onnx"])
+def test_translating_without_scores_turns_the_switch_off(project, name):
+    translator = generation.load_translator(project / "models" / name, threads=1)
+    recorder = translator.session = FeedRecorder(translator.session)
+    lines = ["I have three cats.", "Where is the station?", "It is raining."]
+    plain = translator.translate(lines, batch_size=2)
+    assert recorder.switches == [0, 0]
+    scored = translator.translate_scored(lines, batch_size=2)
+    assert recorder.switches == [0, 0, 1, 1]
+    assert [s[0].text for s in scored] == plain
+
+
 def test_an_n_best_list_is_distinct_and_ordered_best_first(project):
     from datasets import load_from_disk
 
@@ -1000,6 +1048,11 @@ def test_a_file_without_scores_still_translates(project, tmp_path):
     kept = [o for o in model.graph.output if o.name == "sequences"]
     del model.graph.output[:]
     model.graph.output.extend(kept)
+    inputs = [i for i in model.graph.input if i.name != generation.SCORE_SWITCH]
+    del model.graph.input[:]  # nor the score switch: a constant 1 in its place
+    model.graph.input.extend(inputs)
+    model.graph.initializer.append(onnx.helper.make_tensor(
+        generation.SCORE_SWITCH, onnx.TensorProto.INT32, [1], [1]))
     props = [p for p in model.metadata_props if p.key not in {"outputs", "confidence"}]
     del model.metadata_props[:]
     model.metadata_props.extend(props)

@@ -59,7 +59,7 @@ from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.graph import onnx_attention, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
-from src.runtime.generation import SEARCH_INPUTS, SEARCH_OUTPUTS
+from src.runtime.generation import SCORE_SWITCH, SEARCH_INPUTS, SEARCH_OUTPUTS
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
@@ -390,7 +390,14 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
               node("Or", ["by_operator", "many_beams"], ["skip_greedy_loop"])]
     loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
                    "min_length": "min_length", "num_beams": "num_beams",
-                   "length_penalty": "length_penalty"}
+                   "length_penalty": "length_penalty", "return_scores": "score_switch"}
+    nodes += [node("OptionalHasElement", [SCORE_SWITCH], ["score_switch_given"]),
+              node("If", ["score_switch_given"], ["score_switch"], then_branch=helper.make_graph(
+                  [node("OptionalGetElement", [SCORE_SWITCH], ["score_switch_fed"])],
+                  "score_switch_fed", [], [onnx.ValueInfoProto(name="score_switch_fed")]),
+                  else_branch=helper.make_graph(
+                  [node("Identity", ["one_32"], ["score_switch_default"])],
+                  "score_switch_default", [], [onnx.ValueInfoProto(name="score_switch_default")]))]
     n_layers = len(cross_names_of(decoder)) // 2
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
                                       ("greedy_sequences", "greedy_scores"),
@@ -450,6 +457,11 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
                                             ["batch_size", "sequence_length"])]
     inputs += [helper.make_tensor_value_info(name, scalar.get(name, TensorProto.INT32), [1])
                for name in SEARCH_INPUTS[1:]]
+    # Optional (a caller may leave it out: scores on); the operator's file takes it too, so
+    # every file has the same inputs, and ignores it. An input with a default initializer
+    # would do the same, but ONNX Runtime warns about one at every load.
+    inputs.append(helper.make_value_info(SCORE_SWITCH, helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.INT32, [1]))))
     outputs = [helper.make_tensor_value_info(
         "sequences", TensorProto.INT32, ["batch_size", "num_return_sequences", "max_length"]),
         helper.make_tensor_value_info("sequences_scores", TensorProto.FLOAT,

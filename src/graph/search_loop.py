@@ -290,7 +290,8 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     case without its candidate lists and beam bookkeeping; `scores` carries each row's sum of
     log-probabilities. A sentence whose best token is EOS is written out, with its score, and
     dropped; EOS banned (before min_length) passes the turn to the second best. `outer`:
-    max_new (1,), min_length and length_penalty (scalars)."""
+    max_new (1,), min_length and length_penalty (scalars), score_rows (1,): 1 to sum the
+    log-probabilities, 0 to leave the scores at 0."""
     p = "greedy_step/"
     step = Step(decoder, n_layers, keep, p,
                 ["sents", "tokens", "scores", "history", "out", "out_scores"])
@@ -301,17 +302,15 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     axis_1, eos = n.const(INT64, [1]), n.const(INT64, [EOS], [])
 
-    # The best two tokens of each row and their log-probabilities (the score's terms).
-    logp = n.op("LogSoftmax", n.op("Squeeze", produced["logits"], axis_1), axis=-1)  # (N, V)
-    top_two, best_two = n.ops("TopK", [logp, n.const(INT64, [2])], 2, axis=1)  # (N, 2)
+    # The best two tokens of each row (the logits rank them as the log-probabilities do).
+    logits = n.op("Squeeze", produced["logits"], axis_1)                      # (N, V)
+    best_two = n.ops("TopK", [logits, n.const(INT64, [2])], 2, axis=1)[1]      # (N, 2)
     first, second = n.op("Gather", best_two, zero, axis=1), n.op("Gather", best_two, one, axis=1)
     length = n.op("Add", it, one)  # generated tokens including this one
     banned = n.op("And", n.op("Less", length, outer["min_length"]),
                   n.op("Equal", first, eos))
     token = n.op("Where", banned, second, first)                              # (N,)
-    token_logp = n.op("Where", banned, n.op("Gather", top_two, one, axis=1),
-                      n.op("Gather", top_two, zero, axis=1))
-    scores = n.op("Add", names["scores"], token_logp)                         # (N,)
+    scores = n.op("Add", names["scores"], _token_logp(n, logits, token, outer["score_rows"]))
     is_eos = n.op("Equal", token, eos)
     some_done = n.op("Greater", n.op("ReduceMax", n.op("Cast", is_eos, to=INT64),
                                      keepdims=0), zero)
@@ -356,6 +355,20 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     return step.graph(n.nodes, "greedy_step", go_on, outputs)
 
 
+def _token_logp(n: Nodes, logits: str, token: str, score_rows: str) -> str:
+    """log p(token) of each row (N,), or zeros where `score_rows` (1,) is 0: the LogSoftmax
+    then runs on no rows: a greedy step has no other use for log-probabilities (what they
+    cost: docs/serving.md)."""
+    zero_1, axis_1 = n.const(INT64, [0]), n.const(INT64, [1])
+    rows = n.op("Shape", logits, start=0, end=1)                              # (1,) N
+    scored = n.op("Mul", rows, score_rows)                                    # (1,) N or 0
+    logp = n.op("LogSoftmax", n.op("Slice", logits, zero_1, scored, zero_1), axis=-1)
+    picked = n.op("GatherElements", logp, n.op("Unsqueeze", n.op(
+        "Slice", token, zero_1, scored, zero_1), axis_1), axis=1)             # (N or 0, 1)
+    return n.op("Pad", n.op("Squeeze", picked, axis_1),
+                n.op("Concat", zero_1, n.op("Sub", rows, scored), axis=0))   # (N,)
+
+
 def write_best(n: Nodes, out: str, sents: str, hypothesis: str, better: str, length: str,
                max_new: str) -> str:
     """out[sents[i]] = hypothesis[i] padded with PAD where better[i]; `length` (scalar) is the
@@ -380,7 +393,8 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
            ) -> tuple[onnx.NodeProto, dict[str, str], dict[str, str]]:
     """The If that encodes the batch and makes the Loop's start values (one row per sentence),
     or, where `skip` holds, small dummies instead; with the names it exposes and the outer
-    values the body reads (max_new, min_length, length_penalty; beam: the beam counts)."""
+    values the body reads (max_new, min_length, length_penalty; greedy: score_rows; beam:
+    the beam counts)."""
     selfs, crosses = _state_names(n_layers)
     mask = f"{pre}attention_mask"
     encode_nodes, encoded = inline(encoder, f"{pre}encode/", {
@@ -400,7 +414,10 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
         "min_length": n.op("Squeeze", n.op("Cast", inputs["min_length"], to=INT64)),
         "length_penalty": n.op("Squeeze", inputs["length_penalty"]),
     }
-    if not greedy:
+    if greedy:  # 1: each row's log-probabilities are summed into its score; 0: not
+        outer["score_rows"] = n.op("Cast", n.op("Greater", inputs["return_scores"],
+                                                n.const(INT32, [0])), to=INT64)  # (1,)
+    else:
         beams_1 = n.op("Cast", inputs["num_beams"], to=INT64)                         # (1,)
         beams = n.op("Squeeze", beams_1)
         two_beams = n.op("Add", beams_1, beams_1)
@@ -440,7 +457,9 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
         "max_new": (outer["max_new"], INT64, [1], [0]),
         "min_length": (outer["min_length"], INT64, [], [0]),
         "length_penalty": (outer["length_penalty"], FLOAT, [], [1.0])})
-    if not greedy:
+    if greedy:
+        starts["score_rows"] = (outer["score_rows"], INT64, [1], [1])
+    else:
         starts.update({
             "beams": (beams, INT64, [], [1]), "beams_1": (beams_1, INT64, [1], [1]),
             "two_beams": (two_beams, INT64, [1], [2]),
@@ -491,7 +510,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
                  keep: set[str], inputs: dict[str, str], outputs: tuple[str, str], skip: str,
                  skipped: tuple[str, str], greedy: bool = False) -> list[onnx.NodeProto]:
     """Nodes of the outer graph from `inputs` (input_ids, max_length, min_length, num_beams,
-    length_penalty -> the names to read) to `outputs` (sequences, sequences_scores); `keep`
+    length_penalty, return_scores -> the names to read) to `outputs` (sequences, sequences_scores); `keep`
     names the weights (outer initializers). Where the bool scalar `skip` holds, nothing runs
     but a Loop of no step and `outputs` are `skipped`. `greedy`: the one-beam search
     (`_greedy_body`), which does not read num_beams."""

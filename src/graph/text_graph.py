@@ -33,6 +33,7 @@ from src.core.errors import PipelineError
 from src.data.subword import BROKEN_BYTE, CJK_RANGES, EOS, PAD
 from src.runtime.generation import (
     GRAPH_FORMAT,
+    SCORE_SWITCH,
     TEXT_FORMAT,
     TEXT_INPUT,
     TEXT_OUTPUT,
@@ -187,9 +188,10 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
         _const("num_return_sequences", TensorProto.INT32, [1]),
         _const("repetition_penalty", TensorProto.FLOAT, [1.0]),
     ]
+    switch = [i for i in graph.input if i.name == SCORE_SWITCH]  # kept, with its default
     del graph.input[:]
     graph.input.extend([helper.make_tensor_value_info(TEXT_INPUT, TensorProto.STRING,
-                                                      ["batch_size"])])
+                                                      ["batch_size"]), *switch])
     del graph.output[:]
     graph.output.extend([helper.make_tensor_value_info(TEXT_OUTPUT, TensorProto.STRING,
                                                        ["batch_size"])])

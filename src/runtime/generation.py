@@ -5,9 +5,10 @@ checks all run the graph the same way.
 The graph (built by src/graph/onnx_graph.py) takes the inputs in `SEARCH_INPUTS`: `input_ids` int32
 (B, S), source ids ending with EOS, right-padded with PAD; then `max_length` (the BOS start
 token + new tokens), `min_length`, `num_beams`, `num_return_sequences`, `length_penalty`,
-`repetition_penalty`. It returns `sequences` (B, N, T): BOS, the tokens, PAD, N =
-`num_return_sequences` hypotheses per sentence, best first; and (files whose metadata `outputs`
-names it) `sequences_scores` (B, N): sum(log p) / length**length_penalty. Its metadata_props
+`repetition_penalty`, and (files written since 2026-11-28) an optional `SCORE_SWITCH`. It
+returns `sequences` (B, N, T): BOS, the tokens, PAD, N = `num_return_sequences` hypotheses per
+sentence, best first; and (files whose metadata `outputs` names it) `sequences_scores` (B, N):
+sum(log p) / length**length_penalty. Its metadata_props
 (`METADATA_KEYS`) carry the special ids, the limits, the export's default search settings and
 the tokenizer fingerprints; `format` is `GRAPH_FORMAT`.
 """
@@ -41,6 +42,10 @@ TEXT_INPUT, TEXT_OUTPUT, TEXT_SCORE = "text", "translation", "score"
 TEXT_SOURCE_TOKENIZER = "source_tokenizer_base64"
 SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
                  "length_penalty", "repetition_penalty"]
+# An optional input of the files written since 2026-11-28 (int32 (1,); left out: 1): 0 lets a
+# batch's greedy search skip its scores (`sequences_scores` is then 0 there), the one search
+# with no other use for log-probabilities. Older files lack it; the fp16 file ignores it.
+SCORE_SWITCH = "return_scores"
 # What a file of ours returns; files written before scores (GRAPH_FORMAT nmt-beamsearch-1
 # without `outputs` in their metadata) return `sequences` only.
 SEARCH_OUTPUTS = ("sequences", "sequences_scores")
@@ -74,6 +79,21 @@ def search_feeds(src: np.ndarray, new_tokens: int, beam: int,
         "length_penalty": np.array([length_penalty], np.float32),
         "repetition_penalty": np.array([1.0], np.float32),
     }
+
+
+def session_feeds(session, src: np.ndarray, new_tokens: int, beam: int, length_penalty: float,
+                  n_best: int = 1, scores: bool = True) -> dict[str, np.ndarray]:
+    """`search_feeds` for this session's file, with the score switch where the file has it
+    (`scores` False: the file may skip the work for them)."""
+    return {**search_feeds(src, new_tokens, beam, length_penalty, n_best),
+            **score_switch(session, scores)}
+
+
+def score_switch(session, scores: bool) -> dict[str, np.ndarray]:
+    """The feed that turns a file's score work on or off; none for a file without it."""
+    if any(i.name == SCORE_SWITCH for i in session.get_inputs()):
+        return {SCORE_SWITCH: np.array([int(scores)], np.int32)}
+    return {}
 
 
 def parse_sequences(sequences: np.ndarray, pad: int) -> list[list[int]]:
@@ -115,9 +135,11 @@ def run_search(session, src: np.ndarray, new_tokens: int, beam: int, length_pena
 def run_search_scored(session, src: np.ndarray, new_tokens: int, beam: int,
                       length_penalty: float, pad: int, n_best: int = 1,
                       scored: bool = True) -> list[list[Hypothesis]]:
-    """`n_best` hypotheses per row with their scores (`scored`: the file has them)."""
+    """`n_best` hypotheses per row with their scores (`scored` False: not asked for, or the
+    file has none)."""
     names = list(SEARCH_OUTPUTS) if scored else ["sequences"]
-    outputs = session.run(names, search_feeds(src, new_tokens, beam, length_penalty, n_best))
+    outputs = session.run(names, session_feeds(session, src, new_tokens, beam, length_penalty,
+                                               n_best, scores=scored))
     return parse_hypotheses(outputs[0], outputs[1] if scored else None, pad)
 
 
@@ -413,15 +435,17 @@ class TextTranslator(LoadedModel):
     export (its metadata says which); no tokenizer files needed."""
 
     def run(self, lines: list[str]) -> list[str]:
-        text = np.array(lines, dtype=object)
-        return [str(t) for t in self.session.run([TEXT_OUTPUT], {TEXT_INPUT: text})[0]]
+        feeds = {TEXT_INPUT: np.array(lines, dtype=object),
+                 **score_switch(self.session, False)}
+        return [str(t) for t in self.session.run([TEXT_OUTPUT], feeds)[0]]
 
     def run_scored(self, lines: list[str]) -> list[tuple[Scored, ...]]:
         """Each line's translation with its score (None from a file without scores); its
         length is not known (the file returns text, not ids)."""
-        text = np.array(lines, dtype=object)
+        feeds = {TEXT_INPUT: np.array(lines, dtype=object),
+                 **score_switch(self.session, self.scored)}
         names = [TEXT_OUTPUT, TEXT_SCORE] if self.scored else [TEXT_OUTPUT]
-        outputs = self.session.run(names, {TEXT_INPUT: text})
+        outputs = self.session.run(names, feeds)
         scores = outputs[1] if self.scored else [None] * len(lines)
         return [(Scored(str(t), None if s is None else float(s), None),)
                 for t, s in zip(outputs[0], scores)]
