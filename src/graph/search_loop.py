@@ -510,10 +510,10 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
                  keep: set[str], inputs: dict[str, str], outputs: tuple[str, str], skip: str,
                  skipped: tuple[str, str], greedy: bool = False) -> list[onnx.NodeProto]:
     """Nodes of the outer graph from `inputs` (input_ids, max_length, min_length, num_beams,
-    length_penalty, return_scores -> the names to read) to `outputs` (sequences, sequences_scores); `keep`
-    names the weights (outer initializers). Where the bool scalar `skip` holds, nothing runs
-    but a Loop of no step and `outputs` are `skipped`. `greedy`: the one-beam search
-    (`_greedy_body`), which does not read num_beams."""
+    length_penalty, return_scores -> the names to read) to `outputs` (sequences,
+    sequences_scores); `keep` names the weights (outer initializers). Where the bool scalar
+    `skip` holds, nothing runs but a Loop of no step and `outputs` are `skipped`. `greedy`:
+    the one-beam search (`_greedy_body`), which does not read num_beams."""
     pre = "greedy/" if greedy else "search/"
     selfs, crosses = _state_names(n_layers)
     setup, exposed, outer = _setup(encoder, decoder, n_layers, keep, inputs, skip, greedy, pre)
