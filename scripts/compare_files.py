@@ -1,16 +1,21 @@
 """A/B speed of two or more exports of our model: the same test sentences through each directory's
-model.onnx / model.int8.onnx, files alternating, the fastest of `--repeats` passes counting.
+model.onnx / model.int8.onnx, files alternating pass by pass in one process, the order reversed
+every round.
 
     python scripts/compare_files.py old_models/ models/ --threads 1 --precisions int8,fp32
+    python scripts/compare_files.py models/ --scores --beams 1 --batches 32 --repeats 20
 
-Prints sentences/s per file for every precision x beam x batch, and the share of translations
-identical to the first directory's. Not a test: timings need an otherwise idle machine; this
-one drifts by tens of percent within an hour, so only files compared in one run compare.
+Prints sentences/s per file (its fastest pass) for every precision x beam x batch, each file's
+speed against the first's as the median of the rounds' ratios (a round's two passes run seconds
+apart, so the machine's drift hits both), and the share of translations identical to the first
+directory's. `--scores`: each file is also timed returning scores (`translate_scored`), as
+`<dir>+scores`. Not a test: timings need an otherwise idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,34 +40,51 @@ def main() -> None:
     parser.add_argument("--beams", default="1,4")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scores", action="store_true",
+                        help="also time each file returning scores")
     args = parser.parse_args()
     from datasets import load_from_disk
 
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     lines = list(load_from_disk(str(args.split_dir))["test"]["source"])[: args.sentences]
+    modes = (False, True) if args.scores else (False,)
+    names = [f"{d}{'+scores' if scored else ''}" for d in args.dirs for scored in modes]
     for threads in ints(args.threads):
         for precision in args.precisions.split(","):
             translators = [generation.load_translator(d / FILES[precision], threads=threads)
                            for d in args.dirs]
             for beam in ints(args.beams):
                 for size in ints(args.batches):
-                    best = [float("inf")] * len(translators)
-                    outputs: list[list[str]] = [[] for _ in translators]
-                    for translator in translators:  # warm-up
-                        translator.translate(lines[:size], beam, batch_size=size)
-                    for _ in range(args.repeats):
-                        for i, translator in enumerate(translators):
+                    runs = [passes(t, lines, beam, size, scored)
+                            for t in translators for scored in modes]
+                    for run in runs:  # warm-up
+                        run(lines[:size])
+                    seconds: list[list[float]] = [[] for _ in runs]
+                    outputs: list[list[str]] = [[] for _ in runs]
+                    for round_no in range(args.repeats):
+                        order = list(range(len(runs)))
+                        for i in order if round_no % 2 == 0 else order[::-1]:
                             start = time.perf_counter()
-                            outputs[i] = translator.translate(lines, beam, batch_size=size)
-                            best[i] = min(best[i], time.perf_counter() - start)
-                    speeds = "  ".join(f"{d}: {len(lines) / s:.1f}"
-                                       for d, s in zip(args.dirs, best))
+                            outputs[i] = runs[i](lines)
+                            seconds[i].append(time.perf_counter() - start)
+                    speeds = "  ".join(f"{name}: {len(lines) / min(s):.1f}"
+                                       for name, s in zip(names, seconds))
+                    paired = [statistics.median(a / b for a, b in zip(seconds[0], s))
+                              for s in seconds[1:]]
                     same = [sum(a == b for a, b in zip(outputs[0], o)) / len(lines)
                             for o in outputs[1:]]
                     print(f"{precision} threads {threads} beam {beam} batch {size}: {speeds} "
-                          f"sent/s; identical to the first: "
+                          f"sent/s; speed against the first (median of {args.repeats} rounds): "
+                          f"{', '.join(f'{x:.3f}' for x in paired)}; identical to the first: "
                           f"{', '.join(f'{x:.1%}' for x in same)}", flush=True)
 
+
+def passes(translator, lines: list[str], beam: int, size: int, scored: bool):
+    """One pass over `lines` -> the translations (with scores asked for: the best one's)."""
+    if scored:
+        return lambda batch: [hyps[0].text if hyps else "" for hyps in
+                              translator.translate_scored(batch, beam, batch_size=size)]
+    return lambda batch: translator.translate(batch, beam, batch_size=size)
 
 if __name__ == "__main__":
     main()

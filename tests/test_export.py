@@ -1023,6 +1023,18 @@ def test_translating_without_scores_turns_the_switch_off(project, name):
     assert [s[0].text for s in scored] == plain
 
 
+def test_compare_files_times_each_file_with_and_without_scores(project):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/compare_files.py"), str(project / "models"),
+         "--scores", "--split-dir", str(project / "data/tokenized"), "--sentences", "8",
+         "--repeats", "2", "--beams", "1", "--batches", "4", "--precisions", "int8"],
+        capture_output=True, text=True, cwd=project)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    assert f"{project / 'models'}+scores:" in line and "(median of 2 rounds)" in line
+    assert line.endswith("identical to the first: 100.0%")  # scores change no translation
+
+
 def test_an_n_best_list_is_distinct_and_ordered_best_first(project):
     from datasets import load_from_disk
 
