@@ -142,30 +142,50 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     p = "step/"
     step = Step(decoder, n_layers, keep, p,
                 ["sents", "tokens", "scores", "history", "best", "count", "out", "out_scores"])
-    selfs, crosses, names, produced, types = (step.selfs, step.crosses, step.names,
-                                              step.produced, step.types)
     n = Nodes(p)
-    n_open = n.op("Shape", names["sents"])                                    # (1,) N
+    n_open = n.op("Shape", step.names["sents"])                               # (1,) N
     heads, d_head, _ = _cross_input(decoder)
-    n.nodes.extend(_queries_per_sentence(n, step.nodes, {names[c] for c in crosses}, n_open,
-                                         heads * d_head))
-    it = step.iteration
-    zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
-    axis_1 = n.const(INT64, [1])
-    minus_inf = n.const(FLOAT, [float("-inf")], [])
+    n.nodes.extend(_queries_per_sentence(n, step.nodes, {step.names[c] for c in step.crosses},
+                                         n_open, heads * d_head))
+    const = {"zero": n.const(INT64, [0], []), "one": n.const(INT64, [1], []),
+             "axis_1": n.const(INT64, [1]), "minus_inf": n.const(FLOAT, [float("-inf")], [])}
+    top = _candidates(n, step, outer, vocab, n_open, const["one"])
+    best, out, out_scores, count, base = _finish_hypotheses(n, step, outer, top, n_open, const)
 
-    # Log-probabilities of every continuation of every beam, EOS banned before min_length.
-    logp = n.op("LogSoftmax", produced["logits"], axis=-1)                    # (NK, 1, V)
-    length = n.op("Add", it, one)  # generated tokens including this one
+    # The next beams: the first K continuations that are not EOS, in rank order (TopK keeps
+    # the lower index first among equal scores).
+    live_scores = n.op("Where", top["is_eos"], const["minus_inf"], top["scores"])
+    next_scores, columns = n.ops("TopK", [live_scores, outer["beams_1"]], 2, axis=1)
+    next_beam = n.op("GatherElements", top["source_beam"], columns, axis=1)   # (N, K)
+    next_token = n.op("Cast", n.op("GatherElements", top["token"], columns, axis=1), to=INT32)
+    order = n.op("Add", next_beam, n.op("Unsqueeze", base, const["axis_1"]))  # (N, K) rows
+
+    state = {"sents": step.names["sents"], "scores": next_scores, "best": best, "count": count,
+             "mask": step.names["mask"], **{c: step.names[c] for c in step.crosses},
+             **{s: step.produced[s.replace("past_", "present_")] for s in step.selfs}}
+    outputs = {**_next_state(n, step, outer, state, order, next_token, n_open, const),
+               "out": out, "out_scores": out_scores}
+    go_on = n.op("Greater", n.op("Size", outputs["sents"]), const["zero"])
+    return step.graph(n.nodes, "search_step", go_on, outputs)
+
+
+def _candidates(n: Nodes, step: Step, outer: dict[str, str], vocab: int, n_open: str,
+                one: str) -> dict[str, str]:
+    """Each sentence's 2K best continuations of its beams by log-probability (EOS banned
+    before min_length): their `scores`, `source_beam`, `token` and `is_eos` (N, 2K), and
+    `length` (tokens generated, this one included) and `rows_now` (1,) (beams per sentence
+    in this step: 1 or K)."""
+    logp = n.op("LogSoftmax", step.produced["logits"], axis=-1)               # (NK, 1, V)
+    length = n.op("Add", step.iteration, one)
     banned = n.op("Less", length, outer["min_length"])
     eos_ban = n.const(FLOAT, [float("-inf") if i == EOS else 0.0 for i in range(vocab)])
     no_ban = n.const(FLOAT, [0.0] * vocab)
     logp = n.op("Add", logp, n.op("Where", banned, eos_ban, no_ban))
-    rows_now = n.op("Div", n.op("Shape", names["tokens"], start=0, end=1), n_open)  # (1,)
+    rows_now = n.op("Div", n.op("Shape", step.names["tokens"], start=0, end=1), n_open)  # (1,)
     minus_one = n.const(INT64, [-1])
     beams = n.op("Reshape", logp, n.op("Concat", n_open, minus_one, n.const(INT64, [vocab]),
                                         axis=0))                              # (N, 1 or K, V)
-    scores = n.op("Unsqueeze", names["scores"], n.const(INT64, [2]))          # (N, 1 or K, 1)
+    scores = n.op("Unsqueeze", step.names["scores"], n.const(INT64, [2]))     # (N, 1 or K, 1)
     candidates = n.op("Reshape", n.op("Add", beams, scores),
                       n.op("Concat", n_open, minus_one, axis=0))              # (N, KV)
     top_scores, top_ids = n.ops("TopK", [candidates, outer["two_beams"]], 2, axis=1)
@@ -173,52 +193,56 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
     source_beam = n.op("Div", top_ids, vocab_c)                               # (N, 2K)
     token = n.op("Mod", top_ids, vocab_c)
     is_eos = n.op("Equal", token, n.const(INT64, [EOS], []))
+    return {"scores": top_scores, "source_beam": source_beam, "token": token, "is_eos": is_eos,
+            "length": length, "rows_now": rows_now}
 
-    # Finished hypotheses: EOS among the first K, finite. Keep the best per sentence; the
-    # bookkeeping runs only in steps where some hypothesis finishes.
-    finite = n.op("Not", n.op("IsInf", top_scores, detect_positive=0))
-    finished = n.op("And", n.op("And", is_eos, outer["first_beams"]), finite)
+
+def _finish_hypotheses(n: Nodes, step: Step, outer: dict[str, str], top: dict[str, str],
+                       n_open: str, const: dict[str, str]
+                       ) -> tuple[str, str, str, str, str]:
+    """Finished hypotheses: EOS among the first K candidates, finite. Each sentence keeps its
+    best (`best`, written to `out` and `out_scores` by an If that runs only in steps where
+    some hypothesis finishes); `count` its finished ones; `base` (N,) its first row."""
+    names, axis_1 = step.names, const["axis_1"]
+    finite = n.op("Not", n.op("IsInf", top["scores"], detect_positive=0))
+    finished = n.op("And", n.op("And", top["is_eos"], outer["first_beams"]), finite)
     new_finished = n.op("ReduceSum", n.op("Cast", finished, to=INT64), axis_1, keepdims=0)
     count = n.op("Add", names["count"], new_finished)                         # (N,)
-    base = n.op("Mul", n.op("Range", zero, n.op("Squeeze", n_open), one),
-                n.op("Squeeze", rows_now))                                    # first rows
-    some_finished = n.op("Greater", n.op("ReduceSum", new_finished, keepdims=0), zero)
-    f = Nodes(p + "finish/")
-    penalty = f.op("Pow", f.op("Cast", length, to=FLOAT), outer["length_penalty"])
-    normalized = f.op("Where", finished, f.op("Div", top_scores, penalty), minus_inf)
+    base = n.op("Mul", n.op("Range", const["zero"], n.op("Squeeze", n_open), const["one"]),
+                n.op("Squeeze", top["rows_now"]))                             # first rows
+    some_finished = n.op("Greater", n.op("ReduceSum", new_finished, keepdims=0), const["zero"])
+    f = Nodes(step.prefix + "finish/")
+    penalty = f.op("Pow", f.op("Cast", top["length"], to=FLOAT), outer["length_penalty"])
+    normalized = f.op("Where", finished, f.op("Div", top["scores"], penalty), const["minus_inf"])
     step_best = f.op("ReduceMax", normalized, axis_1, keepdims=0)             # (N,)
     step_rank = f.op("ArgMax", normalized, axis=1, keepdims=1)                # (N, 1), first
     better = f.op("Greater", step_best, names["best"])
-    finished_row = f.op("Add", f.op("Squeeze", f.op("GatherElements", source_beam, step_rank,
-                                                    axis=1), axis_1), base)
+    finished_row = f.op("Add", f.op("Squeeze", f.op("GatherElements", top["source_beam"],
+                                                    step_rank, axis=1), axis_1), base)
     hypothesis = f.op("Gather", names["history"], finished_row, axis=0)       # (N, t)
     finish = branch(f, {"best": (f.op("Where", better, step_best, names["best"]), FLOAT),
                         "out": (write_best(f, names["out"], names["sents"], hypothesis, better,
-                                           it, outer["max_new"]), INT32),
+                                           step.iteration, outer["max_new"]), INT32),
                         "out_scores": (write_score(f, names["out_scores"], names["sents"],
                                                    step_best, better), FLOAT)})
-    keep_as_is = Nodes(p + "unfinished/")
+    keep_as_is = Nodes(step.prefix + "unfinished/")
     unchanged = branch(keep_as_is, {k: (keep_as_is.op("Identity", names[k]), t)
                                     for k, t in (("best", FLOAT), ("out", INT32),
                                                  ("out_scores", FLOAT))})
     best, out, out_scores = n.ops("If", [some_finished], 3, then_branch=finish,
                                   else_branch=unchanged)
+    return best, out, out_scores, count, base
 
-    # The next beams: the first K continuations that are not EOS, in rank order (TopK keeps
-    # the lower index first among equal scores).
-    live_scores = n.op("Where", is_eos, minus_inf, top_scores)
-    next_scores, columns = n.ops("TopK", [live_scores, outer["beams_1"]], 2, axis=1)
-    next_beam = n.op("GatherElements", source_beam, columns, axis=1)          # (N, K)
-    next_token = n.op("Cast", n.op("GatherElements", token, columns, axis=1), to=INT32)
-    order = n.op("Add", next_beam, n.op("Unsqueeze", base, axis_1))           # (N, K) rows
 
-    # Sentences with K finished hypotheses are done: drop them (only in steps where one is);
-    # the others' beams follow their chosen rows.
+def _next_state(n: Nodes, step: Step, outer: dict[str, str], state: dict[str, str],
+                order: str, next_token: str, n_open: str, const: dict[str, str]
+                ) -> dict[str, str]:
+    """The carried values of the next step but out/out_scores: sentences with K finished
+    hypotheses are dropped (only in steps where one is), the others' beams follow their
+    chosen rows (`order`, (N, K))."""
+    zero, one, count = const["zero"], const["one"], state["count"]
     some_done = n.op("Greater", n.op("ReduceMax", n.op("Cast", n.op(
         "GreaterOrEqual", count, outer["beams"]), to=INT64), keepdims=0), zero)
-    state = {"sents": names["sents"], "scores": next_scores, "best": best, "count": count,
-             "mask": names["mask"], **{c: names[c] for c in crosses},
-             **{s: produced[s.replace("past_", "present_")] for s in selfs}}
 
     # An If copies every value it returns, so its branches pick only small index tensors; the
     # caches, the cross-attention keys and values and the mask are gathered outside it.
@@ -228,31 +252,29 @@ def _body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
             "rows": (b.op("Reshape", rows, b.const(INT64, [-1])), INT64),
             "kept": (kept, INT64),
             "tokens": (b.op("Reshape", tokens, b.const(INT64, [-1, 1])), INT32),
-            **{k: (v, types[k]) for k, v in small.items()}})
+            **{k: (v, step.types[k]) for k, v in small.items()}})
 
     small = ("sents", "scores", "best", "count")
-    drop = Nodes(p + "drop/")
+    drop = Nodes(step.prefix + "drop/")
     still_open = drop.op("Less", count, outer["beams"])                      # (N,)
     dropped = picked(drop, drop.op("Compress", order, still_open, axis=0),
                      drop.op("Reshape", drop.op("NonZero", still_open), drop.const(INT64, [-1])),
                      drop.op("Compress", next_token, still_open, axis=0),
                      {k: drop.op("Compress", state[k], still_open, axis=0) for k in small})
-    same = Nodes(p + "same/")
+    same = Nodes(step.prefix + "same/")
     same_set = picked(same, order, same.op("Range", zero, same.op("Squeeze", n_open), one),
                       next_token, {k: same.op("Identity", state[k]) for k in small})
     labels = ["rows", "kept", "tokens", *small]
     chosen = dict(zip(labels, n.ops("If", [some_done], len(labels), then_branch=dropped,
                                     else_branch=same_set)))
-    results = {
+    return {
         **{k: chosen[k] for k in ("tokens", *small)},
-        "history": n.op("Concat", n.op("Gather", names["history"], chosen["rows"], axis=0),
+        "history": n.op("Concat", n.op("Gather", step.names["history"], chosen["rows"], axis=0),
                         chosen["tokens"], axis=1),
-        **{s: n.op("Gather", state[s], chosen["rows"], axis=0) for s in selfs},
-        **{k: n.op("Gather", state[k], chosen["kept"], axis=0) for k in ("mask", *crosses)},
+        **{s: n.op("Gather", state[s], chosen["rows"], axis=0) for s in step.selfs},
+        **{k: n.op("Gather", state[k], chosen["kept"], axis=0)
+           for k in ("mask", *step.crosses)},
     }
-    outputs = {**results, "out": out, "out_scores": out_scores}
-    go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
-    return step.graph(n.nodes, "search_step", go_on, outputs)
 
 
 def _cross_input(decoder: onnx.GraphProto) -> tuple[int, int, int]:
