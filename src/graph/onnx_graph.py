@@ -348,6 +348,19 @@ def _pick(condition: str, then: str, otherwise: str, out: str) -> onnx.NodeProto
                             else_branch=branch("else", otherwise))
 
 
+def _optional_or(optional: str, default: str, out: str) -> list[onnx.NodeProto]:
+    """out = the optional input's value where the caller gave one, else `default`."""
+    given = helper.make_graph(
+        [helper.make_node("OptionalGetElement", [optional], [f"{out}_given"])],
+        f"{out}_given", [], [onnx.ValueInfoProto(name=f"{out}_given")])
+    left_out = helper.make_graph(
+        [helper.make_node("Identity", [default], [f"{out}_default"])],
+        f"{out}_default", [], [onnx.ValueInfoProto(name=f"{out}_default")])
+    return [helper.make_node("OptionalHasElement", [optional], [f"{out}_is_given"]),
+            helper.make_node("If", [f"{out}_is_given"], [out], then_branch=given,
+                             else_branch=left_out)]
+
+
 def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
                   decoder: onnx.GraphProto, weights: set[str]) -> list[onnx.NodeProto]:
     """ONNX Runtime's BeamSearch for one sentence or an n-best list, shrinking Loops for a
@@ -391,13 +404,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
                    "min_length": "min_length", "num_beams": "num_beams",
                    "length_penalty": "length_penalty", "return_scores": "score_switch"}
-    nodes += [node("OptionalHasElement", [SCORE_SWITCH], ["score_switch_given"]),
-              node("If", ["score_switch_given"], ["score_switch"], then_branch=helper.make_graph(
-                  [node("OptionalGetElement", [SCORE_SWITCH], ["score_switch_fed"])],
-                  "score_switch_fed", [], [onnx.ValueInfoProto(name="score_switch_fed")]),
-                  else_branch=helper.make_graph(
-                  [node("Identity", ["one_32"], ["score_switch_default"])],
-                  "score_switch_default", [], [onnx.ValueInfoProto(name="score_switch_default")]))]
+    nodes += _optional_or(SCORE_SWITCH, "one_32", "score_switch")
     n_layers = len(cross_names_of(decoder)) // 2
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
                                       ("greedy_sequences", "greedy_scores"),
