@@ -188,7 +188,7 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
         _const("num_return_sequences", TensorProto.INT32, [1]),
         _const("repetition_penalty", TensorProto.FLOAT, [1.0]),
     ]
-    switch = [i for i in graph.input if i.name == SCORE_SWITCH]  # kept, with its default
+    switch = [i for i in graph.input if i.name == SCORE_SWITCH]  # kept: still optional
     del graph.input[:]
     graph.input.extend([helper.make_tensor_value_info(TEXT_INPUT, TensorProto.STRING,
                                                       ["batch_size"]), *switch])
