@@ -1,0 +1,149 @@
+"""Try fine-tune recipes side by side before spending CPU hours on one.
+
+Each candidate is the project's train stage (`python -m src.train`) with its own
+`finetune.lr`, `finetune.warmup_steps` and, if given, `finetune.epochs`, run in a scratch copy of
+the project under --out, from the same parent weights and data. The copy links the project's
+data/tokenized and models/parent and copies params.yaml and models/tokenizer, so the project's
+own models/ are never touched. Candidates are scored on the valid split only (train's own
+selection score of the averaged model, and the per-epoch curve), so a rule written before the
+runs can choose between them without a test set.
+
+    python scripts/finetune_pilot.py --out pilot C2=7e-4,200 C4=7e-4,1000 C5=1e-3,1000,24
+
+The project must be one where train.init_from is set and the parent and tokenize stages have
+run (`dvc repro tokenize`): models/parent/ resolved, data/tokenized encoded with the parent's
+tokenizer. On a GPU the candidates train at once (the CPU cores shared out among them); on the
+CPU one after another, since two trainings on the same cores slow each other several-fold.
+Writes <out>/<name>/ (the copy: params.yaml, train.log, models/) and <out>/pilot.json, one row
+per candidate in the order given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)=(?P<lr>[0-9.eE+-]+),(?P<warmup>\d+)"
+                  r"(,(?P<epochs>\d+))?$")
+
+
+def parse_candidate(spec: str) -> dict:
+    """NAME=LR,WARMUP[,EPOCHS] -> {"name", "lr", "warmup_steps"[, "epochs"]}."""
+    match = SPEC.match(spec)
+    try:
+        lr = float(match["lr"]) if match else 0.0
+    except ValueError:
+        lr = 0.0
+    if not match or lr <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{spec!r} is not NAME=LR,WARMUP[,EPOCHS] (e.g. C5=1e-3,1000 or C5=1e-3,1000,24)")
+    candidate = {"name": match["name"], "lr": lr, "warmup_steps": int(match["warmup"])}
+    if match["epochs"]:
+        candidate["epochs"] = int(match["epochs"])
+    return candidate
+
+
+def prepare(project: Path, out: Path, candidate: dict, threads: int) -> Path:
+    """The candidate's scratch copy of the project, its finetune values in params.yaml."""
+    root = out / candidate["name"]
+    (root / "models").mkdir(parents=True)
+    (root / "data").mkdir()
+    (root / "data/tokenized").symlink_to((project / "data/tokenized").resolve())
+    (root / "models/parent").symlink_to((project / "models/parent").resolve())
+    shutil.copytree(project / "models/tokenizer", root / "models/tokenizer")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["finetune"].update({k: v for k, v in candidate.items() if k != "name"})
+    if threads:
+        params["train"]["threads"] = threads
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return root
+
+
+def start(root: Path) -> subprocess.Popen:
+    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+    return subprocess.Popen([sys.executable, "-m", "src.train"], cwd=REPO, env=env,
+                            stdout=open(root / "train.log", "w"), stderr=subprocess.STDOUT)
+
+
+def row(candidate: dict, root: Path, params: dict) -> dict:
+    stats = json.loads((root / "models/train_stats.json").read_text())
+    with open(root / "models/valid_curve.csv") as f:
+        curve = list(csv.DictReader(f))
+    finetune = params["finetune"]
+    return {"candidate": candidate["name"], "finetune.lr": finetune["lr"],
+            "finetune.warmup_steps": finetune["warmup_steps"],
+            "finetune.epochs": finetune["epochs"], **{k: stats[k] for k in (
+                "steps", "epochs", "valid_bleu", "final_valid_loss", "train_minutes",
+                "tokens_per_s", "precision", "threads")},
+            "valid_bleu_by_epoch": [float(r["valid_bleu"]) for r in curve if r["valid_bleu"]],
+            "valid_loss_by_epoch": [float(r["valid_loss"]) for r in curve]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("candidates", nargs="+", type=parse_candidate,
+                        metavar="NAME=LR,WARMUP[,EPOCHS]")
+    parser.add_argument("--project", type=Path, default=Path("."),
+                        help="a project with train.init_from set, after `dvc repro tokenize`")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="a new folder for the candidates' copies and pilot.json")
+    args = parser.parse_args()
+    names = [c["name"] for c in args.candidates]
+    if len(set(names)) < len(names):
+        parser.error(f"candidate names repeat: {' '.join(names)}")
+    project = args.project
+    missing = [p for p in ("params.yaml", "data/tokenized", "models/tokenizer",
+                           "models/parent/parent.json") if not (project / p).exists()]
+    if missing:
+        print(f"error: {project / missing[0]} not found: set train.init_from in "
+              f"{project / 'params.yaml'} and run `dvc repro tokenize` there first",
+              file=sys.stderr)
+        return 1
+    if args.out.exists() and any(args.out.iterdir()):
+        print(f"error: {args.out} is not empty: give a new folder", file=sys.stderr)
+        return 1
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    threads = max(1, (os.cpu_count() or 1) // len(args.candidates)) if on_gpu else 0
+    roots = [prepare(project, args.out, c, threads) for c in args.candidates]
+    failed = []
+    if on_gpu:  # small models leave a GPU mostly idle: all at once
+        for candidate, proc in [(c, start(r)) for c, r in zip(args.candidates, roots)]:
+            if proc.wait():
+                failed.append(candidate["name"])
+    else:
+        for candidate, root in zip(args.candidates, roots):
+            print(f"finetune_pilot: {candidate['name']} training ({root / 'train.log'})",
+                  file=sys.stderr, flush=True)
+            if start(root).wait():
+                failed.append(candidate["name"])
+    if failed:
+        first = args.out / failed[0] / "train.log"
+        print(f"error: {', '.join(failed)} failed; see {first}", file=sys.stderr)
+        return 1
+    rows = [row(c, r, yaml.safe_load((r / "params.yaml").read_text()))
+            for c, r in zip(args.candidates, roots)]
+    report = {"command": "python " + " ".join(sys.argv), "device": "cuda" if on_gpu else "cpu",
+              "rows": rows}
+    (args.out / "pilot.json").write_text(json.dumps(report, indent=1) + "\n")
+    for r in rows:
+        print(f"{r['candidate']}: lr {r['finetune.lr']:g}, warmup {r['finetune.warmup_steps']}, "
+              f"{r['steps']} steps: valid BLEU {r['valid_bleu']}, valid loss "
+              f"{r['final_valid_loss']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
