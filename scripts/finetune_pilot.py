@@ -70,9 +70,12 @@ def prepare(project: Path, out: Path, candidate: dict, threads: int) -> Path:
 
 
 def start(root: Path) -> subprocess.Popen:
+    """The train stage on the candidate's copy, its output in train.log (the child keeps the
+    file open; ours closes here)."""
     env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
-    return subprocess.Popen([sys.executable, "-m", "src.train"], cwd=REPO, env=env,
-                            stdout=open(root / "train.log", "w"), stderr=subprocess.STDOUT)
+    with open(root / "train.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "src.train"], cwd=REPO, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def row(candidate: dict, root: Path, params: dict) -> dict:
