@@ -1,9 +1,11 @@
 """ONNX Runtime's int8 kernels at the shapes of our decoder, one thread, on this CPU.
 
-    python scripts/benchmark_kernels.py                 # all four tables
+    python scripts/benchmark_kernels.py                 # all five tables
     python scripts/benchmark_kernels.py --json out.json
+    python scripts/benchmark_kernels.py --table logp    # one of them
 
-Four questions behind docs/engines.md, each answered by one-node models timed alone:
+Five questions behind docs/engines.md and docs/serving.md, each answered by small models timed
+alone:
 
 1. Is a VNNI path taken? DynamicQuantizeMatMul (our int8 files) against the fp32 MatMul of the
    same shape, in GOPS: an int8 kernel far above fp32 uses the CPU's int8 dot products.
@@ -12,6 +14,11 @@ Four questions behind docs/engines.md, each answered by one-node models timed al
 3. Would block-quantized weights help? MatMulNBits (8 and 4 bits, int8 compute) against
    DynamicQuantizeMatMul at one row (a batch-1 step) and 32 rows.
 4. Greedy's best token: TopK(2) (what the search Loop runs) against ArgMax over (32, vocab).
+5. What a returned score costs greedy search per step: the chosen tokens' log-probabilities over
+   (32, vocab) by LogSoftmax + GatherElements (what the search Loop runs), by Softmax +
+   GatherElements + Log (exact for the argmax, whose probability is at least 1/vocab), by
+   ReduceLogSumExp, and by ReduceMax, Sub, Exp, ReduceSum, Log; each row also holds every
+   variant's largest difference from LogSoftmax's numbers.
 
 Not a test: timings need an otherwise idle machine. Each variant runs in turn, three passes,
 and its fastest pass counts.
@@ -146,19 +153,68 @@ def topk_rows(vocab: int = 8000) -> list[dict]:
              "us": best_of(models, features(vocab, 32), 2000)}]
 
 
+def logp_rows(vocab: int = 8000, rows: int = 32) -> list[dict]:
+    import onnxruntime as ort
+
+    make = helper.make_node
+    pick = make("GatherElements", ["x", "i"], ["g"], axis=1)
+    graphs = {
+        "logsoftmax": [make("LogSoftmax", ["x"], ["l"], axis=-1),
+                       make("GatherElements", ["l", "i"], ["y"], axis=1)],
+        "softmax_log": [make("Softmax", ["x"], ["p"], axis=-1),
+                        make("GatherElements", ["p", "i"], ["q"], axis=1),
+                        make("Log", ["q"], ["y"])],
+        "reduce_logsumexp": [make("ReduceLogSumExp", ["x", "axis"], ["n"], keepdims=1), pick,
+                             make("Sub", ["g", "n"], ["y"])],
+        "max_exp_sum": [make("ReduceMax", ["x", "axis"], ["m"], keepdims=1),
+                        make("Sub", ["x", "m"], ["d"]), make("Exp", ["d"], ["e"]),
+                        make("ReduceSum", ["e", "axis"], ["s"], keepdims=1),
+                        make("Log", ["s"], ["n"]), pick, make("Sub", ["g", "m"], ["gm"]),
+                        make("Sub", ["gm", "n"], ["y"])]}
+    axis = [numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    models = {}
+    for name, nodes in graphs.items():
+        graph = helper.make_graph(
+            nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", vocab]),
+                          helper.make_tensor_value_info("i", TensorProto.INT64, ["M", 1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            axis if "axis" in {i for n in nodes for i in n.input} else [])
+        models[name] = helper.make_model(graph, ir_version=9, opset_imports=[
+            helper.make_opsetid("", 18)]).SerializeToString()
+    logits = features(vocab, rows)["x"] * 4  # spread like a trained model's logits
+    feed = {"x": logits, "i": logits.argmax(axis=1, keepdims=True).astype(np.int64)}
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    outputs = {name: ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+               .run(None, feed)[0] for name, model in models.items()}
+    return [{"table": "logp", "m": rows, "n": vocab, "us": best_of(models, feed, 2000),
+             "max_abs_diff": {name: float(np.abs(out - outputs["logsoftmax"]).max())
+                              for name, out in outputs.items()}}]
+
+
+TABLES = {"vnni": vnni_rows, "static": static_rows, "nbits": nbits_rows, "topk": topk_rows,
+          "logp": logp_rows}
+
+
 @app.command()
-def main(json_out: Path = typer.Option(None, "--json", help="Also write the rows here.")) -> None:
+def main(json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
+         table: str = typer.Option("", help=f"Only this table: {', '.join(TABLES)}.")) -> None:
     """Print one line per shape: microseconds per call of each variant at one thread."""
     import onnxruntime as ort
 
+    if table and table not in TABLES:
+        raise typer.BadParameter(f"{table!r} is not one of {', '.join(TABLES)}",
+                                 param_hint="--table")
     rows = []
-    for table in (vnni_rows, static_rows, nbits_rows, topk_rows):
-        for row in table():
+    for make_rows in [TABLES[table]] if table else TABLES.values():
+        for row in make_rows():
             rows.append(row)
             print(json.dumps(row), flush=True)
     if json_out:
         json_out.write_text(json.dumps({
-            "command": "python scripts/benchmark_kernels.py", "onnxruntime": ort.__version__,
+            "command": "python scripts/benchmark_kernels.py" + (f" --table {table}" if table
+                                                                 else ""),
+            "onnxruntime": ort.__version__,
             "cpu": platform.processor() or platform.machine(), "rows": rows}, indent=1) + "\n")
 
 
