@@ -86,5 +86,6 @@ def passes(translator, lines: list[str], beam: int, size: int, scored: bool):
                               translator.translate_scored(batch, beam, batch_size=size)]
     return lambda batch: translator.translate(batch, beam, batch_size=size)
 
+
 if __name__ == "__main__":
     main()
