@@ -126,11 +126,12 @@ class OnnxEngine:
         model = self.translator
         src = generation.pad_rows([model.encode(line, i + 1) for i, line in enumerate(lines)],
                                   model.pad)
-        feeds = generation.session_feeds(model.session, src, self.force_length, beam,
+        session = model.session_for(len(lines))
+        feeds = generation.session_feeds(session, src, self.force_length, beam,
                                          float(model.meta["length_penalty"]),
                                          scores=self.scores)
         feeds["min_length"] = feeds["max_length"]
-        (sequences,) = model.session.run(["sequences"], feeds)
+        (sequences,) = session.run(["sequences"], feeds)
         ids = generation.parse_sequences(sequences, model.pad)
         check_lengths([len(row) for row in ids], self.force_length)
         return decode_ids(model.target, ids, model.eos)

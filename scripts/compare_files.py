@@ -4,12 +4,16 @@ every round.
 
     python scripts/compare_files.py old_models/ models/ --threads 1 --precisions int8,fp32
     python scripts/compare_files.py models/ --scores --beams 1 --batches 32 --repeats 20
+    python scripts/compare_files.py models/ models/ --whole-first --batches 32 --repeats 16
 
 Prints sentences/s per file (its fastest pass) for every precision x beam x batch, each file's
 speed against the first's as the median of the rounds' ratios (a round's two passes run seconds
 apart, so the machine's drift hits both), and the share of translations identical to the first
 directory's. `--scores`: each file is also timed returning scores (`translate_scored`), as
-`<dir>+scores`. Not a test: timings need an otherwise idle machine.
+`<dir>+scores`. `--whole-first`: the first directory's batches go through the file as written,
+BeamSearch operator included, as before the runtime cut it out for batches
+(src/runtime/batch_graph.py), labelled `<dir>(whole)`. Not a test: timings need an otherwise
+idle machine.
 """
 
 from __future__ import annotations
@@ -42,17 +46,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scores", action="store_true",
                         help="also time each file returning scores")
+    parser.add_argument("--whole-first", action="store_true",
+                        help="the first directory's batches through the file as written "
+                             "(no cut of its BeamSearch operator)")
     args = parser.parse_args()
     from datasets import load_from_disk
 
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     lines = list(load_from_disk(str(args.split_dir))["test"]["source"])[: args.sentences]
     modes = (False, True) if args.scores else (False,)
-    names = [f"{d}{'+scores' if scored else ''}" for d in args.dirs for scored in modes]
+    labels = [f"{d}{'(whole)' if i == 0 and args.whole_first else ''}"
+              for i, d in enumerate(args.dirs)]
+    names = [f"{label}{'+scores' if scored else ''}" for label in labels for scored in modes]
     for threads in ints(args.threads):
         for precision in args.precisions.split(","):
             translators = [generation.load_translator(d / FILES[precision], threads=threads)
                            for d in args.dirs]
+            if args.whole_first:
+                translators[0].open_batch = None
             for beam in ints(args.beams):
                 for size in ints(args.batches):
                     runs = [passes(t, lines, beam, size, scored)

@@ -27,7 +27,7 @@ from src.graph import onnx_graph
 from src.nmt import checkpoint
 from src.nmt.model import ModelConfig, Transformer
 from src.nmt.search import beam_search, greedy_search, max_output_length
-from src.runtime import generation
+from src.runtime import batch_graph, generation
 
 pytestmark = pytest.mark.slow
 MAX_POSITIONS = 48
@@ -304,6 +304,43 @@ def test_one_long_and_31_short_sentences_translate_as_one_by_one(project, beam):
     alone = [translator.translate([line], beam, batch_size=1)[0] for line in batch]
     assert together == alone
     assert len(set(together)) > 20  # real, different translations
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.int8.onnx", "model.text.onnx"])
+def test_a_batch_is_searched_without_the_operator_and_translates_the_same(project, name):
+    """A batch goes to the file without its BeamSearch operator (src/runtime/batch_graph.py,
+    which spares it the operator's dummy step), opened on the first batch; one sentence and
+    n-best lists stay with the file's own session; every translation and score is the one the
+    file's own session gives."""
+    from datasets import load_from_disk
+
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:40]
+    path = project / "models" / name
+    translator = generation.load_translator(path, threads=1)
+    assert "batch_session" not in vars(translator)  # nothing opened before a batch comes
+    assert translator.session_for(1) is translator.session
+    batched = translator.translate_scored(sources, batch_size=7)
+    batch_session = vars(translator)["batch_session"]
+    assert batch_session is not None and batch_session is not translator.session
+    assert translator.session_for(7) is batch_session
+    assert translator.session_for(1) is translator.session
+    assert translator.session_for(7, n_best=2) is translator.session
+    whole = generation.load_translator(path, threads=1)
+    whole.open_batch = None  # every batch through the file as written
+    assert whole.translate_scored(sources, batch_size=7) == batched
+    assert whole.translate(sources, batch_size=7) == translator.translate(sources, batch_size=7)
+    assert len({hyps[0].text for hyps in batched}) > 20  # real, different translations
+    cut = onnx.load_from_string(batch_graph.without_operator(path.read_bytes()))
+    ops = {n.op_type for n in cut.graph.node}
+    assert "BeamSearch" not in ops and "Loop" in ops
+
+
+def test_an_operator_only_file_searches_batches_with_its_own_session(project):
+    """The fp16 file's batches are the operator's (no Loop beside it): nothing to cut."""
+    assert batch_graph.without_operator((project / "models/model.fp16.onnx").read_bytes()) \
+        is None
+    opened = generation.open_batch_session(project / "models/model.fp16.onnx", "cpu", 1)
+    assert opened is None
 
 
 def test_infer_translates_a_sentence_argument(project):
@@ -999,8 +1036,8 @@ def test_a_batch_asked_for_no_scores_skips_them_and_decodes_the_same(project):
 class FeedRecorder:
     """A session that records the score switch of every run."""
 
-    def __init__(self, real):
-        self.real, self.switches = real, []
+    def __init__(self, real, switches: list):
+        self.real, self.switches = real, switches
 
     def get_inputs(self):
         return self.real.get_inputs()
@@ -1014,12 +1051,15 @@ class FeedRecorder:
 @pytest.mark.parametrize("name", ["model.onnx", "model.text.onnx"])
 def test_translating_without_scores_turns_the_switch_off(project, name):
     translator = generation.load_translator(project / "models" / name, threads=1)
-    recorder = translator.session = FeedRecorder(translator.session)
+    switches: list = []  # a batch of two and one of one: each session records
+    translator.session = FeedRecorder(translator.session, switches)
+    open_batch = translator.open_batch
+    translator.open_batch = lambda: FeedRecorder(open_batch(), switches)
     lines = ["I have three cats.", "Where is the station?", "It is raining."]
     plain = translator.translate(lines, batch_size=2)
-    assert recorder.switches == [0, 0]
+    assert switches == [0, 0]
     scored = translator.translate_scored(lines, batch_size=2)
-    assert recorder.switches == [0, 0, 1, 1]
+    assert switches == [0, 0, 1, 1]
     assert [s[0].text for s in scored] == plain
 
 
@@ -1033,6 +1073,19 @@ def test_compare_files_times_each_file_with_and_without_scores(project):
     (line,) = result.stdout.strip().splitlines()
     assert f"{project / 'models'}+scores:" in line and "(median of 2 rounds)" in line
     assert line.endswith("identical to the first: 100.0%")  # scores change no translation
+
+
+def test_compare_files_times_a_file_whole_against_its_batch_cut(project):
+    models = str(project / "models")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/compare_files.py"), models, models, "--whole-first",
+         "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
+         "--beams", "1", "--batches", "4", "--precisions", "int8"],
+        capture_output=True, text=True, cwd=project)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    assert f"{models}(whole): " in line and f"  {models}: " in line
+    assert line.endswith("identical to the first: 100.0%")  # the cut changes no translation
 
 
 def test_an_n_best_list_is_distinct_and_ordered_best_first(project):

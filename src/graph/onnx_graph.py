@@ -59,6 +59,7 @@ from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.graph import onnx_attention, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
+from src.runtime.batch_graph import OPERATOR_OUTPUTS
 from src.runtime.generation import SCORE_SWITCH, SEARCH_INPUTS, SEARCH_OUTPUTS
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
@@ -393,7 +394,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
                "min_length": "operator_min_length", "num_beams": "operator_num_beams",
                "num_return_sequences": "operator_returns", "attention_mask": "operator_mask"}
     operator.input[:] = [renames.get(name, name) for name in operator.input]
-    operator.output[:] = ["operator_sequences", "operator_scores"]
+    operator.output[:] = OPERATOR_OUTPUTS
     nodes.append(operator)
     # A batch: the greedy Loop for one beam, the beam Loop for more.
     nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
@@ -409,7 +410,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
                                       ("greedy_sequences", "greedy_scores"),
                                       skip="skip_greedy_loop",
-                                      skipped=("operator_sequences", "operator_scores"),
+                                      skipped=OPERATOR_OUTPUTS,
                                       greedy=True)
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
                                       SEARCH_OUTPUTS, skip="skip_beam_loop",

@@ -22,14 +22,14 @@ import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import numpy as np
 
 from src.core.errors import PipelineError
 from src.data.subword import decode_ids
-from src.runtime import confidence, placement
+from src.runtime import batch_graph, confidence, placement
 from src.runtime.placement import CUDA
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
@@ -192,9 +192,10 @@ def native_stderr_filtered(noise: tuple[str, ...] = ("precompiled_charsmap is em
 
 
 def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_THREADS,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, model_bytes: bytes | None = None):
     """A session of one of our files on the providers `placement` chooses for its kind, with
-    node assignments recorded (`placement.describe`)."""
+    node assignments recorded (`placement.describe`); of `model_bytes` (the file edited)
+    instead of the file itself when given."""
     import onnxruntime as ort
 
     model_path = Path(model_path)
@@ -219,7 +220,9 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
         options.register_custom_ops_library(library)
     try:
         with native_stderr_filtered():
-            session = ort.InferenceSession(str(model_path), options, providers=wanted)
+            session = ort.InferenceSession(
+                str(model_path) if model_bytes is None else model_bytes, options,
+                providers=wanted)
     except Exception as exc:  # onnxruntime raises its own types for bad protobufs and graphs
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "ai.onnx.contrib" in str(exc) and extensions_library() is None:
@@ -234,6 +237,14 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
         if warning:
             (warn or warn_stderr)(warning)
     return session
+
+
+def open_batch_session(model_path: Path, choice: str, threads: int,
+                       warn: Callable[[str], None] | None = None):
+    """A session of the file without the BeamSearch operator beside its Loops, for batches
+    (src/runtime/batch_graph.py); None for a file whose batches that operator searches."""
+    cut = batch_graph.without_operator(Path(model_path).read_bytes())
+    return None if cut is None else open_session(model_path, choice, threads, warn, cut)
 
 
 def sha256(path: Path) -> str:
@@ -288,6 +299,22 @@ class LoadedModel:
 
     session: object
     meta: dict[str, str]
+    # opens the session for batches (`open_batch_session`); None: the file's own session
+    open_batch: Callable[[], object | None] | None = field(default=None, kw_only=True,
+                                                          repr=False)
+
+    def session_for(self, rows: int, n_best: int = 1):
+        """The session that searches `rows` sentences for `n_best` hypotheses each: the file's
+        own for one sentence or an n-best list (its BeamSearch operator searches them), for a
+        batch the file without that operator where there is one (opened on the first batch),
+        which spares each batch the operator's one-token dummy step."""
+        if rows < 2 or n_best > 1 or self.open_batch is None:
+            return self.session
+        return self.batch_session or self.session
+
+    @cached_property
+    def batch_session(self):
+        return self.open_batch()
 
     @property
     def default_beam(self) -> int:
@@ -375,7 +402,8 @@ class Translator(LoadedModel):
     def run(self, rows: list[list[int]], beam: int, max_length: int | None) -> list[str]:
         """Translate a batch of id rows; returns one string per row."""
         src = pad_rows(rows, self.pad)
-        hyps = run_search(self.session, src, self.new_tokens(src.shape[1], max_length), beam,
+        hyps = run_search(self.session_for(len(rows)), src,
+                          self.new_tokens(src.shape[1], max_length), beam,
                           float(self.meta["length_penalty"]), self.pad)
         return decode_ids(self.target, hyps, self.eos)
 
@@ -384,7 +412,7 @@ class Translator(LoadedModel):
         """`n_best` scored translations of each row of a batch, best first."""
         src = pad_rows(rows, self.pad)
         new_tokens = self.new_tokens(src.shape[1], max_length)
-        found = run_search_scored(self.session, src, new_tokens, beam,
+        found = run_search_scored(self.session_for(len(rows), n_best), src, new_tokens, beam,
                                   float(self.meta["length_penalty"]), self.pad, n_best,
                                   self.scored)
         return [tuple(Scored(text, hyp.score, len(hyp.ids) + (len(hyp.ids) < new_tokens))
@@ -435,17 +463,18 @@ class TextTranslator(LoadedModel):
     export (its metadata says which); no tokenizer files needed."""
 
     def run(self, lines: list[str]) -> list[str]:
-        feeds = {TEXT_INPUT: np.array(lines, dtype=object),
-                 **score_switch(self.session, False)}
-        return [str(t) for t in self.session.run([TEXT_OUTPUT], feeds)[0]]
+        session = self.session_for(len(lines))
+        feeds = {TEXT_INPUT: np.array(lines, dtype=object), **score_switch(session, False)}
+        return [str(t) for t in session.run([TEXT_OUTPUT], feeds)[0]]
 
     def run_scored(self, lines: list[str]) -> list[tuple[Scored, ...]]:
         """Each line's translation with its score (None from a file without scores); its
         length is not known (the file returns text, not ids)."""
+        session = self.session_for(len(lines))
         feeds = {TEXT_INPUT: np.array(lines, dtype=object),
-                 **score_switch(self.session, self.scored)}
+                 **score_switch(session, self.scored)}
         names = [TEXT_OUTPUT, TEXT_SCORE] if self.scored else [TEXT_OUTPUT]
-        outputs = self.session.run(names, feeds)
+        outputs = session.run(names, feeds)
         scores = outputs[1] if self.scored else [None] * len(lines)
         return [(Scored(str(t), None if s is None else float(s), None),)
                 for t, s in zip(outputs[0], scores)]
@@ -510,18 +539,23 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provide
     checked against the fingerprints recorded at export; a text model carries its own.
     `threads=None`: DEFAULT_THREADS."""
     model_path = Path(model_path)
-    session = open_session(model_path, provider, threads or DEFAULT_THREADS, warn)
+    threads = threads or DEFAULT_THREADS
+    session = open_session(model_path, provider, threads, warn)
     meta = session.get_modelmeta().custom_metadata_map
+    # The operator's dummy step was measured on the CPU (docs/engines.md); on CUDA, unmeasured,
+    # batches keep the file's own session.
+    open_batch = (partial(open_batch_session, model_path, provider, threads, warn)
+                  if session.get_providers()[0] == placement.CPU else None)
     if meta.get("format") == TEXT_FORMAT:
         if tokenizer_dir is not None:
             raise PipelineError(f"{model_path} is a text model with its tokenizer inside; "
                                 f"drop --tokenizer")
-        return TextTranslator(session, meta)
+        return TextTranslator(session, meta, open_batch=open_batch)
     if meta.get("format") != GRAPH_FORMAT:
         raise PipelineError(f"{model_path} is not a translation model written by src.export "
                             f"(metadata format {meta.get('format')!r}, expected {GRAPH_FORMAT})")
     return Translator(session, meta, *load_tokenizers_for(model_path, tokenizer_dir, meta),
-                      warn=warn)
+                      warn=warn, open_batch=open_batch)
 
 
 def load_tokenizers_for(model_path: Path, tokenizer_dir: Path | None,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from src.core.errors import PipelineError
+from src.runtime.proto_wire import fields
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 CHOICES = ("auto", "cuda", "cpu")
@@ -38,43 +39,6 @@ SHOWN_OPS = 4  # op types named in a fallback line
 
 # -- what kind of file ----------------------------------------------------------------------
 METADATA_PROPS = 14  # ModelProto.metadata_props: repeated StringStringEntryProto (key 1, value 2)
-
-
-def _varint(data, pos: int, end: int) -> tuple[int, int]:
-    """The base-128 varint at data[pos] (before `end`); (value, position after it)."""
-    value = shift = 0
-    while True:
-        if pos >= end:
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def fields(data, start: int = 0, end: int | None = None):
-    """(field number, wire type, value) of the protobuf message in data[start:end]: ints for
-    varint and fixed-size fields, (start, end) offsets into `data` for length-delimited ones,
-    so that a large field (the graph) is skipped, never copied."""
-    pos, end = start, len(data) if end is None else end
-    while pos < end:
-        key, pos = _varint(data, pos, end)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos, end)
-        elif wire == 2:
-            length, pos = _varint(data, pos, end)
-            value, pos = (pos, pos + length), pos + length
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            value, pos = int.from_bytes(data[pos: pos + size], "little"), pos + size
-        else:
-            raise ValueError(f"wire type {wire}")
-        if pos > end:
-            raise ValueError("a field runs past the end")
-        yield field, wire, value
 
 
 def read_metadata(path: Path) -> dict[str, str]:
