@@ -335,6 +335,23 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     assert "BeamSearch" not in ops and "Loop" in ops
 
 
+def test_no_room_for_the_batch_search_is_a_warning_and_the_file_as_written(project, tmp_path,
+                                                                          monkeypatch):
+    import contextlib
+
+    monkeypatch.setattr(generation.tempfile, "TemporaryDirectory", lambda **_: (
+        contextlib.nullcontext(str(tmp_path / "gone"))))  # writing there fails
+    warnings: list[str] = []
+    translator = generation.load_translator(project / "models/model.int8.onnx", threads=1,
+                                            warn=warnings.append)
+    lines = ["I have three cats.", "Where is the station?", "It is raining."]
+    together = translator.translate(lines, batch_size=3)
+    assert translator.session_for(3) is translator.session
+    assert warnings == ["batches go through model.int8.onnx as written (no room for its batch "
+                        "search: No such file or directory)"]
+    assert together == [translator.translate([line], batch_size=1)[0] for line in lines]
+
+
 def test_an_operator_only_file_searches_batches_with_its_own_session(project):
     """The fp16 file's batches are the operator's (no Loop beside it): nothing to cut."""
     assert batch_graph.without_operator((project / "models/model.fp16.onnx").read_bytes()) \

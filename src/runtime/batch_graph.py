@@ -15,7 +15,7 @@ package, and the subgraphs and weights are copied as they are, never parsed.
 
 from __future__ import annotations
 
-from src.runtime.proto_wire import LENGTH_DELIMITED, field_bytes, spans
+from src.runtime.proto_wire import LENGTH_DELIMITED, field_bytes, key, spans, varint
 
 OPERATOR_OUTPUTS = ("operator_sequences", "operator_scores")  # onnx_graph.both_searches
 MODEL_GRAPH = 7  # ModelProto.graph
@@ -57,6 +57,15 @@ def without_operator(model: bytes) -> bytes | None:
     OPERATOR_OUTPUTS, those two values made constants; None for a file whose batches that
     node searches (no such node, or no Loop beside it: the fp16 file, files written before the
     Loops)."""
+    pieces = pieces_without_operator(model)
+    if pieces is None:
+        return None
+    return b"".join(model[slice(*p)] if isinstance(p, tuple) else p for p in pieces)
+
+
+def pieces_without_operator(model) -> list[tuple[int, int] | bytes] | None:
+    """`without_operator` as pieces to write one after another: (start, end) ranges of `model`
+    (a mapped file: copied piece by piece, never whole) and the few new bytes."""
     graph = next(((value, begin) for field, wire, value, begin in spans(model)
                   if field == MODEL_GRAPH and wire == LENGTH_DELIMITED), None)
     if graph is None:
@@ -72,6 +81,8 @@ def without_operator(model: bytes) -> bytes | None:
             operator = (begin, value[1])
     if operator is None or not loops:
         return None
-    body = (model[start: operator[0]] + model[operator[1]: end]
-            + b"".join(_constant(*stand_in) for stand_in in STAND_INS))
-    return model[:graph_begin] + field_bytes(MODEL_GRAPH, body) + model[end:]
+    constants = b"".join(_constant(*stand_in) for stand_in in STAND_INS)
+    size = (operator[0] - start) + (end - operator[1]) + len(constants)
+    header = key(MODEL_GRAPH, LENGTH_DELIMITED) + varint(size)
+    return [(0, graph_begin), header, (start, operator[0]), (operator[1], end), constants,
+            (end, len(model))]

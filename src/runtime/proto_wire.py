@@ -62,8 +62,13 @@ def varint(value: int) -> bytes:
             return bytes(out)
 
 
+def key(field: int, wire: int) -> bytes:
+    """A field's key: its number and wire type."""
+    return varint(field << 3 | wire)
+
+
 def field_bytes(field: int, value: int | bytes) -> bytes:
     """One field: an int as a varint, bytes as a length-delimited value."""
     if isinstance(value, int):
-        return varint(field << 3 | VARINT) + varint(value)
-    return varint(field << 3 | LENGTH_DELIMITED) + varint(len(value)) + value
+        return key(field, VARINT) + varint(value)
+    return key(field, LENGTH_DELIMITED) + varint(len(value)) + value
