@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -317,10 +318,13 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:40]
     path = project / "models" / name
     translator = generation.load_translator(path, threads=1)
-    assert "batch_session" not in vars(translator)  # nothing opened before a batch comes
+    opened = []
+    open_batch = translator.open_batch
+    translator.open_batch = lambda: opened.append(open_batch()) or opened[-1]
     assert translator.session_for(1) is translator.session
+    assert opened == []  # nothing opened before a batch comes
     batched = translator.translate_scored(sources, batch_size=7)
-    batch_session = vars(translator)["batch_session"]
+    (batch_session,) = opened  # once, for all six batches
     assert batch_session is not None and batch_session is not translator.session
     assert translator.session_for(7) is batch_session
     assert translator.session_for(1) is translator.session
@@ -350,6 +354,28 @@ def test_no_room_for_the_batch_search_is_a_warning_and_the_file_as_written(proje
     assert warnings == ["batches go through model.int8.onnx as written (no room for its batch "
                         "search: No such file or directory)"]
     assert together == [translator.translate([line], batch_size=1)[0] for line in lines]
+
+
+def test_requests_in_threads_open_the_batch_session_once(project):
+    """The served model's requests come from a thread pool: the first batches, side by side,
+    open one batch session between them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    translator = generation.load_translator(project / "models/model.int8.onnx", threads=1)
+    opened = []
+    open_batch = translator.open_batch
+
+    def slow_open():
+        time.sleep(0.2)  # every thread asks while the first is still opening
+        opened.append(open_batch())
+        return opened[-1]
+
+    translator.open_batch = slow_open
+    lines = ["I have three cats.", "Where is the station?", "It is raining."]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: translator.translate(lines, batch_size=3), range(4)))
+    assert len(opened) == 1 and opened[0] is not None
+    assert results == [results[0]] * 4
 
 
 def test_an_operator_only_file_searches_batches_with_its_own_session(project):

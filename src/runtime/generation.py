@@ -20,6 +20,7 @@ import mmap
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
 # batch 32 292 vs 515; fp32 139 vs 185, 438 vs 632, 83 vs 152, 168 vs 263). The fused
 # attention nodes split (batch x heads) over the threads; before them int8 was faster on 1.
 DEFAULT_THREADS = 2
+_OPENING = threading.Lock()  # opens a model's batch session once, whichever thread asks first
 MAX_BEAM = 128  # ONNX Runtime's BeamSearch refuses larger beams inside session.run
 
 
@@ -245,8 +247,8 @@ def open_batch_session(model_path: Path, choice: str, threads: int,
     (src/runtime/batch_graph.py); None for a file whose batches that operator searches.
 
     The cut is written to a temporary file, a MiB at a time from the mapped original, and
-    opened by path: a session opened from the bytes held ~110 MB more of a 31 MB fp32 file than
-    one opened from a file, and the bytes themselves doubled the peak."""
+    opened by path: opened from bytes in memory, the session held much more memory
+    (docs/engines.md, fifth round)."""
     chunk = 1 << 20
     with open(model_path, "rb") as fh, \
             mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
@@ -325,6 +327,7 @@ class LoadedModel:
     # opens the session for batches (`open_batch_session`); None: the file's own session
     open_batch: Callable[[], object | None] | None = field(default=None, kw_only=True,
                                                           repr=False)
+    _batch: list = field(default_factory=list, init=False, repr=False)  # [session] once opened
 
     def session_for(self, rows: int, n_best: int = 1):
         """The session that searches `rows` sentences for `n_best` hypotheses each: the file's
@@ -335,9 +338,15 @@ class LoadedModel:
             return self.session
         return self.batch_session or self.session
 
-    @cached_property
+    @property
     def batch_session(self):
-        return self.open_batch()
+        """The session for batches, opened once on first use (None: the file has no cut, or
+        no room for it). The served model's requests come from a thread pool, hence the lock."""
+        if not self._batch:
+            with _OPENING:
+                if not self._batch:
+                    self._batch.append(self.open_batch())
+        return self._batch[0]
 
     @property
     def default_beam(self) -> int:
