@@ -170,7 +170,12 @@ def logp_rows(vocab: int = 8000, rows: int = 32) -> list[dict]:
                         make("Sub", ["x", "m"], ["d"]), make("Exp", ["d"], ["e"]),
                         make("ReduceSum", ["e", "axis"], ["s"], keepdims=1),
                         make("Log", ["s"], ["n"]), pick, make("Sub", ["g", "m"], ["gm"]),
-                        make("Sub", ["gm", "n"], ["y"])]}
+                        make("Sub", ["gm", "n"], ["y"])],
+        # -log p of a given label in one op, the normaliser inside it
+        "softmax_cross_entropy": [
+            make("Squeeze", ["i", "axis"], ["label"]),
+            make("SoftmaxCrossEntropyLoss", ["x", "label"], ["nll"], reduction="none"),
+            make("Neg", ["nll"], ["p"]), make("Unsqueeze", ["p", "axis"], ["y"])]}
     axis = [numpy_helper.from_array(np.array([1], np.int64), "axis")]
     models = {}
     for name, nodes in graphs.items():
