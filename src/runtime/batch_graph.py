@@ -15,6 +15,8 @@ package, and the subgraphs and weights are copied as they are, never parsed.
 
 from __future__ import annotations
 
+import io
+
 from src.runtime.proto_wire import LENGTH_DELIMITED, field_bytes, key, spans, varint
 
 OPERATOR_OUTPUTS = ("operator_sequences", "operator_scores")  # onnx_graph.both_searches
@@ -60,7 +62,21 @@ def without_operator(model: bytes) -> bytes | None:
     pieces = pieces_without_operator(model)
     if pieces is None:
         return None
-    return b"".join(model[slice(*p)] if isinstance(p, tuple) else p for p in pieces)
+    out = io.BytesIO()
+    write_pieces(model, pieces, out)
+    return out.getvalue()
+
+
+def write_pieces(model, pieces: list[tuple[int, int] | bytes], out,
+                 chunk: int = 1 << 20) -> None:
+    """`pieces_without_operator`'s pieces of `model` into the binary file `out`, a range
+    `chunk` bytes at a time (a mapped file is never copied whole)."""
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            out.write(piece)
+            continue
+        for start in range(piece[0], piece[1], chunk):
+            out.write(model[start: min(start + chunk, piece[1])])
 
 
 def pieces_without_operator(model) -> list[tuple[int, int] | bytes] | None:

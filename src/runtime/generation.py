@@ -249,27 +249,22 @@ def open_batch_session(model_path: Path, choice: str, threads: int,
     The cut is written to a temporary file, a MiB at a time from the mapped original, and
     opened by path: opened from bytes in memory, the session held much more memory
     (docs/engines.md, fifth round)."""
-    chunk = 1 << 20
     with open(model_path, "rb") as fh, \
-            mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
-            tempfile.TemporaryDirectory(prefix="nmt-batch-", ignore_cleanup_errors=True) as tmp:
+            mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         pieces = batch_graph.pieces_without_operator(mapped)
         if pieces is None:
             return None
-        cut = Path(tmp, Path(model_path).name)
-        try:
-            with cut.open("wb") as out:
-                for piece in pieces:
-                    if isinstance(piece, bytes):
-                        out.write(piece)
-                        continue
-                    for start in range(piece[0], piece[1], chunk):
-                        out.write(mapped[start: min(start + chunk, piece[1])])
-        except OSError as exc:  # a full or read-only temp dir: slower, not wrong
-            (warn or warn_stderr)(f"batches go through {Path(model_path).name} as "
-                                  f"written (no room for its batch search: {exc.strerror})")
-            return None
-        return open_session(model_path, choice, threads, warn, edited=cut)
+        with tempfile.TemporaryDirectory(prefix="nmt-batch-", ignore_cleanup_errors=True) as tmp:
+            cut = Path(tmp, Path(model_path).name)
+            try:
+                with cut.open("wb") as out:
+                    batch_graph.write_pieces(mapped, pieces, out)
+            except OSError as exc:  # a full or read-only temp dir: slower, not wrong
+                (warn or warn_stderr)(f"batches go through {Path(model_path).name} as "
+                                      f"written (no room for its batch search: "
+                                      f"{exc.strerror})")
+                return None
+            return open_session(model_path, choice, threads, warn, edited=cut)
 
 
 def sha256(path: Path) -> str:
