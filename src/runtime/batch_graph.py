@@ -16,6 +16,7 @@ package, and the subgraphs and weights are copied as they are, never parsed.
 from __future__ import annotations
 
 import io
+import math
 
 from src.runtime.proto_wire import LENGTH_DELIMITED, field_bytes, key, spans, varint
 
@@ -45,12 +46,9 @@ def _node(data, span: tuple[int, int]) -> tuple[str, list[str]]:
 
 def _constant(name: str, element_type: int, shape: tuple[int, ...]) -> bytes:
     """A GraphProto.initializer field: a tensor of zeros."""
-    size = 1
-    for dim in shape:
-        size *= dim
     tensor = b"".join(field_bytes(TENSOR_DIMS, dim) for dim in shape)
     tensor += field_bytes(TENSOR_DATA_TYPE, element_type) + field_bytes(TENSOR_NAME, name.encode())
-    tensor += field_bytes(TENSOR_RAW_DATA, bytes(4 * size))  # int32 and float: 4 bytes
+    tensor += field_bytes(TENSOR_RAW_DATA, bytes(4 * math.prod(shape)))  # int32, float: 4 bytes
     return field_bytes(GRAPH_INITIALIZER, tensor)
 
 
