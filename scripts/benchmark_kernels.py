@@ -1,11 +1,11 @@
-"""ONNX Runtime's int8 kernels at the shapes of our decoder, one thread, on this CPU.
+"""ONNX Runtime's kernels at the shapes of our decoder, on this CPU.
 
-    python scripts/benchmark_kernels.py                 # all five tables
+    python scripts/benchmark_kernels.py                 # all seven tables
     python scripts/benchmark_kernels.py --json out.json
     python scripts/benchmark_kernels.py --table logp    # one of them
 
-Five questions behind docs/engines.md and docs/serving.md, each answered by small models timed
-alone:
+Seven questions behind docs/engines.md and docs/serving.md, each answered by small models timed
+alone (one thread, unless the table says otherwise):
 
 1. Is a VNNI path taken? DynamicQuantizeMatMul (our int8 files) against the fp32 MatMul of the
    same shape, in GOPS: an int8 kernel far above fp32 uses the CPU's int8 dot products.
@@ -19,6 +19,14 @@ alone:
    GatherElements + Log (exact for the argmax, whose probability is at least 1/vocab), by
    ReduceLogSumExp, and by ReduceMax, Sub, Exp, ReduceSum, Log; each row also holds every
    variant's largest difference from LogSoftmax's numbers.
+6. Does a second thread pay for a batch-1 step's products? fp32 MatMul at the decoder's shapes
+   on 1 and 4 rows (greedy and beam 4 at batch 1), one thread against two, twenty products of
+   one weight per call so that the call's own cost does not hide theirs.
+7. What does ONNX Runtime's BeamSearch operator cost per step by itself? The operator around an
+   encoder and a decoder that do almost nothing (the decoder's logits a constant that never
+   picks EOS, its caches grown by zeros), run to 4 and to 20 tokens for one sentence: the
+   difference / 16 is the operator's search per step (log-softmax, TopK, scorer, cache
+   reordering, its subgraph call), at beam 1 and 4, one and two threads.
 
 Not a test: timings need an otherwise idle machine. Each variant runs in turn, three passes,
 and its fastest pass counts.
@@ -27,6 +35,7 @@ and its fastest pass counts.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -89,12 +98,13 @@ def nbits(k: int, n: int, bits: int, block: int) -> bytes:
     return quantizer.model.model.SerializeToString()
 
 
-def best_of(models: dict[str, bytes], feed: dict[str, np.ndarray], calls: int) -> dict:
+def best_of(models: dict[str, bytes], feed: dict[str, np.ndarray], calls: int,
+            threads: int = 1) -> dict:
     """Microseconds per call of each model, the fastest of three passes, models in turn."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.log_severity_level = 3
     sessions = {name: ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
                 for name, model in models.items()}
@@ -197,14 +207,145 @@ def logp_rows(vocab: int = 8000, rows: int = 32) -> list[dict]:
                               for name, out in outputs.items()}}]
 
 
+def cpu() -> str:
+    """'AMD EPYC (family 26 model 2), 2 cores, avx512_vnni avx512_bf16': /proc/cpuinfo's name and
+    the int8/bf16 features the kernels may use (the rows depend on them)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    info: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    flags = [f for f in ("avx2", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+             if f in info.get("flags", "").split()]
+    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')}"
+            f" model {info.get('model', '?')}), {os.cpu_count()} cores, {' '.join(flags)}")
+
+
+PRODUCTS = 20  # per call in `threads_rows`
+
+
+def repeated_products(k: int, n: int) -> bytes:
+    """PRODUCTS fp32 MatMuls of one (k, n) weight, each reading the input: (M, k) -> (M, n)."""
+    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32) * 0.05
+    nodes = [helper.make_node("MatMul", ["x", "w"], [f"y{i}"]) for i in range(PRODUCTS)]
+    graph = helper.make_graph(
+        nodes, "products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
+         for i in range(PRODUCTS)], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def threads_rows() -> list[dict]:
+    rows = []
+    for k, n in ((256, 256), (256, 768), (256, 1024), (1024, 256), (256, 8000)):
+        model = {"fp32": repeated_products(k, n)}
+        for m in (1, 4):
+            us = {f"{t}t": best_of(model, features(k, m), 200, threads=t)["fp32"] / PRODUCTS
+                  for t in (1, 2)}
+            rows.append({"table": "threads", "m": m, "k": k, "n": n,
+                         "us": {t: round(v, 2) for t, v in us.items()}})
+    return rows
+
+
+def idle_search(vocab: int = 8000, heads: int = 4, head_dim: int = 64,
+                layers: int = 3) -> bytes:
+    """ONNX Runtime's BeamSearch around an encoder and decoder that do almost nothing: the
+    decoder's logits are a constant in which EOS (3) is never chosen, its self-attention caches
+    grow by a zero row per step and the encoder's cross caches are zeros, so a search runs to
+    max_length and its time is the operator's own."""
+    make, ints = helper.make_node, lambda name, v: numpy_helper.from_array(
+        np.array(v, np.int64), name)
+    zeros = numpy_helper.from_array(np.zeros((1, heads, 1, head_dim), np.float32), "zeros")
+    dims = [ints("first", [0]), ints("second", [1]), ints("one", [1]), ints("heads", [heads]),
+            ints("head_dim", [head_dim]), ints("vocab", [vocab])]
+    caches = [f"{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
+    as_input = lambda name, shape, kind=TensorProto.FLOAT: (  # noqa: E731
+        helper.make_tensor_value_info(name, kind, shape))
+    encoder = helper.make_graph(
+        [make("Shape", ["encoder_input_ids"], ["shape"]),
+         make("Gather", ["shape", "first"], ["rows"], axis=0),
+         make("Gather", ["shape", "second"], ["length"], axis=0),
+         make("Concat", ["rows", "heads", "length", "head_dim"], ["cache_shape"], axis=0),
+         *[make("Expand", ["zeros", "cache_shape"], [f"present_{c.replace('_', '_cross_')}"])
+           for c in caches]],
+        "encoder", [as_input("encoder_input_ids", ["B", "S"], TensorProto.INT32),
+                    as_input("encoder_attention_mask", ["B", "S"], TensorProto.INT32)],
+        [as_input(f"present_{c.replace('_', '_cross_')}", ["B", heads, "S", head_dim])
+         for c in caches], [zeros, *dims])
+    logits = np.random.default_rng(0).standard_normal((1, 1, vocab)).astype(np.float32)
+    logits[0, 0, 3] = -1e4
+    decoder = helper.make_graph(
+        [make("Shape", ["input_ids"], ["shape"]),
+         make("Gather", ["shape", "first"], ["rows"], axis=0),
+         make("Concat", ["rows", "one", "vocab"], ["logits_shape"], axis=0),
+         make("Expand", ["constant_logits", "logits_shape"], ["logits"]),
+         make("Concat", ["rows", "heads", "one", "head_dim"], ["row_shape"], axis=0),
+         make("Expand", ["zeros", "row_shape"], ["new_row"]),
+         *[make("Concat", [f"past_{c.replace('_', '_self_')}", "new_row"],
+                [f"present_{c.replace('_', '_self_')}"], axis=2) for c in caches]],
+        "decoder",
+        [as_input("input_ids", ["B", 1], TensorProto.INT32),
+         as_input("encoder_attention_mask", ["B", "S"], TensorProto.INT32),
+         *[as_input(f"past_{c.replace('_', '_self_')}", ["B", heads, "T", head_dim])
+           for c in caches],
+         *[as_input(f"past_{c.replace('_', '_cross_')}", ["B", heads, "S", head_dim])
+           for c in caches]],
+        [as_input("logits", ["B", 1, vocab]),
+         *[as_input(f"present_{c.replace('_', '_self_')}", ["B", heads, "T1", head_dim])
+           for c in caches]],
+        [zeros, *dims, numpy_helper.from_array(logits, "constant_logits")])
+    counts = ("max_length", "min_length", "num_beams", "num_return_sequences")
+    search = make("BeamSearch", ["input_ids", *counts, "length_penalty", "repetition_penalty",
+                                 "", "", "attention_mask"], ["sequences"], domain=MS,
+                  eos_token_id=3, pad_token_id=0, decoder_start_token_id=2,
+                  no_repeat_ngram_size=0, early_stopping=1, model_type=1,
+                  encoder=encoder, decoder=decoder)
+    graph = helper.make_graph(
+        [search], "idle_search",
+        [as_input("input_ids", ["B", "S"], TensorProto.INT32),
+         *[as_input(name, [1], TensorProto.INT32) for name in counts],
+         as_input("length_penalty", [1]), as_input("repetition_penalty", [1]),
+         as_input("attention_mask", ["B", "S"], TensorProto.INT32)],
+        [as_input("sequences", None, TensorProto.INT32)])
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)]).SerializeToString()
+
+
+def idle_search_feed(beam: int, max_length: int, source_length: int = 8) -> dict:
+    one = lambda value, kind=np.int32: np.array([value], kind)  # noqa: E731
+    return {"input_ids": np.full((1, source_length), 5, np.int32),
+            "attention_mask": np.ones((1, source_length), np.int32),
+            "max_length": one(max_length), "min_length": one(0), "num_beams": one(beam),
+            "num_return_sequences": one(1), "length_penalty": one(1.0, np.float32),
+            "repetition_penalty": one(1.0, np.float32)}
+
+
+def operator_rows() -> list[dict]:
+    short, long = 4, 20
+    model = {"search": idle_search()}
+    rows = []
+    for beam in (1, 4):
+        us = {}
+        for threads in (1, 2):
+            runs = {length: best_of(model, idle_search_feed(beam, length), 100,
+                                    threads=threads)["search"] for length in (short, long)}
+            us[f"{threads}t"] = round((runs[long] - runs[short]) / (long - short), 1)
+        rows.append({"table": "operator", "beam": beam, "batch": 1, "us_per_step": us})
+    return rows
+
+
 TABLES = {"vnni": vnni_rows, "static": static_rows, "nbits": nbits_rows, "topk": topk_rows,
-          "logp": logp_rows}
+          "logp": logp_rows, "threads": threads_rows, "operator": operator_rows}
 
 
 @app.command()
 def main(json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
          table: str = typer.Option("", help=f"Only this table: {', '.join(TABLES)}.")) -> None:
-    """Print one line per shape: microseconds per call of each variant at one thread."""
+    """Print one line per shape: microseconds per call of each variant."""
     import onnxruntime as ort
 
     if table and table not in TABLES:
@@ -220,7 +361,7 @@ def main(json_out: Path = typer.Option(None, "--json", help="Also write the rows
             "command": "python scripts/benchmark_kernels.py" + (f" --table {table}" if table
                                                                  else ""),
             "onnxruntime": ort.__version__,
-            "cpu": platform.processor() or platform.machine(), "rows": rows}, indent=1) + "\n")
+            "cpu": cpu(), "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

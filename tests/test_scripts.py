@@ -346,3 +346,20 @@ def test_engine_sittings_judge_each_cell_by_its_worst_sitting(tmp_path):
     # each engine at its own faster thread count: ours 330 (1t) vs CTranslate2 415 (1t)
     assert best[2] == ("| int8 1 1 | 330.0 (1t) / 415.0 (1t) (0.8) | "
                        "350.0 (2t) / 170.0 (1t) (2.06) | 0.8 |")
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_idle_search_runs_every_step_it_is_given(beam):
+    # benchmark_kernels' `operator` table divides the time between a 4- and a 20-token search by
+    # 16: that holds only if the idle decoder never ends a search early (EOS) and the operator
+    # takes its caches as they grow.
+    import numpy as np
+    import onnxruntime as ort
+
+    kernels = load_script("benchmark_kernels")
+    session = ort.InferenceSession(kernels.idle_search(vocab=50), providers=[
+        "CPUExecutionProvider"])
+    for length in (4, 20):
+        (sequences,) = session.run(None, kernels.idle_search_feed(beam, length))
+        assert sequences.shape == (1, 1, length)
+        assert not np.any(sequences[0, 0, 1:] == 3)  # no EOS: the search ran out of length
