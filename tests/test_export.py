@@ -28,7 +28,7 @@ from src.graph import onnx_graph
 from src.nmt import checkpoint
 from src.nmt.model import ModelConfig, Transformer
 from src.nmt.search import beam_search, greedy_search, max_output_length
-from src.runtime import batch_graph, generation
+from src.runtime import batch_graph, generation, operator_graph, placement
 
 pytestmark = pytest.mark.slow
 MAX_POSITIONS = 48
@@ -308,7 +308,8 @@ def test_one_long_and_31_short_sentences_translate_as_one_by_one(project, beam):
 
 
 @pytest.mark.parametrize("name", ["model.onnx", "model.int8.onnx", "model.text.onnx"])
-def test_a_batch_is_searched_without_the_operator_and_translates_the_same(project, name):
+def test_a_batch_is_searched_without_the_operator_and_translates_the_same(project, name,
+                                                                        monkeypatch):
     """A batch goes to the file without its BeamSearch operator (src/runtime/batch_graph.py,
     which spares it the operator's dummy step), opened on the first batch; one sentence and
     n-best lists stay with the file's own session; every translation and score is the one the
@@ -329,7 +330,9 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     assert translator.session_for(7) is batch_session
     assert translator.session_for(1) is translator.session
     assert translator.session_for(7, n_best=2) is translator.session
-    whole = generation.load_translator(path, threads=1)
+    with monkeypatch.context() as patch:  # the file as written, not its operator alone
+        patch.setattr(generation, "open_operator_session", lambda *_, **__: None)
+        whole = generation.load_translator(path, threads=1)
     whole.open_batch = None  # every batch through the file as written
     assert whole.translate_scored(sources, batch_size=7) == batched
     assert whole.translate(sources, batch_size=7) == translator.translate(sources, batch_size=7)
@@ -351,7 +354,9 @@ def test_no_room_for_the_batch_search_is_a_warning_and_the_file_as_written(proje
     lines = ["I have three cats.", "Where is the station?", "It is raining."]
     together = translator.translate(lines, batch_size=3)
     assert translator.session_for(3) is translator.session
-    assert warnings == ["batches go through model.int8.onnx as written (no room for its batch "
+    assert warnings == ["one sentence goes through model.int8.onnx as written (no room for "
+                        "its search alone: No such file or directory)",
+                        "batches go through model.int8.onnx as written (no room for its batch "
                         "search: No such file or directory)"]
     assert together == [translator.translate([line], batch_size=1)[0] for line in lines]
 
@@ -376,6 +381,43 @@ def test_requests_in_threads_open_the_batch_session_once(project):
         results = list(pool.map(lambda _: translator.translate(lines, batch_size=3), range(4)))
     assert len(opened) == 1 and opened[0] is not None
     assert results == [results[0]] * 4
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.int8.onnx"])
+def test_one_sentence_is_searched_by_the_operator_alone_and_translates_the_same(project, name):
+    """One sentence and n-best lists go to the file as its BeamSearch operator alone, each
+    subgraph holding its weights (src/runtime/operator_graph.py): every translation and score is
+    the one the file's own session gives."""
+    from datasets import load_from_disk
+
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:12]
+    path = project / "models" / name
+    alone = onnx.load_from_string(operator_graph.operator_only(path.read_bytes()))
+    assert [n.op_type for n in alone.graph.node] == ["Equal", "Not", "Cast", "BeamSearch"]
+    subgraph_reads = [{i for n in a.g.node for i in n.input}
+                      for a in alone.graph.node[-1].attribute
+                      if a.type == onnx.AttributeProto.GRAPH]
+    outer = {t.name for t in alone.graph.initializer} - {"pad_id"}
+    assert outer and all(outer <= reads for reads in subgraph_reads)  # only the tied weights
+    translator = generation.load_translator(path, threads=1)
+    ops = {op for _, op in placement.assignments(translator.session)}
+    assert "BeamSearch" in ops and "Loop" not in ops  # the operator alone, not the file
+    file_metadata = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert translator.meta == file_metadata  # read from the session, as from the file
+    whole = generation.Translator(generation.open_session(path, "cpu", 1),
+                                  translator.meta, translator.source, translator.target)
+    for beam in (1, 3):
+        for n_best in (1, 2) if beam > 1 else (1,):
+            got = translator.translate_scored(sources, beam, batch_size=1, n_best=n_best)
+            assert got == whole.translate_scored(sources, beam, batch_size=1, n_best=n_best)
+    assert len({hyps[0].text for hyps in got}) > 8  # real, different translations
+
+
+def test_a_text_twin_keeps_its_own_session(project):
+    """The text twin's search sits between its tokenizer nodes: it is not cut."""
+    path = project / "models/model.text.onnx"
+    assert operator_graph.operator_only(path.read_bytes()) is None
+    assert generation.open_operator_session(path, "cpu", 1) is None
 
 
 def test_an_operator_only_file_searches_batches_with_its_own_session(project):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 
 from src.runtime.proto_wire import LENGTH_DELIMITED, field_bytes, key, spans, varint
 
@@ -31,7 +32,7 @@ FLOAT, INT32 = 1, 6  # TensorProto.DataType
 STAND_INS = ((OPERATOR_OUTPUTS[0], INT32, (1, 1, 1)), (OPERATOR_OUTPUTS[1], FLOAT, (1, 1)))
 
 
-def _node(data, span: tuple[int, int]) -> tuple[str, list[str]]:
+def node_type_outputs(data, span: tuple[int, int]) -> tuple[str, list[str]]:
     """(op_type, outputs) of the NodeProto in data[span]."""
     op_type, outputs = "", []
     for field, wire, value, _ in spans(data, *span):
@@ -66,15 +67,19 @@ def without_operator(model: bytes) -> bytes | None:
 
 
 def write_pieces(model, pieces: list[tuple[int, int] | bytes], out,
-                 chunk: int = 1 << 20) -> None:
+                 chunk: int = 1 << 20, source: int | None = None) -> None:
     """`pieces_without_operator`'s pieces of `model` into the binary file `out`, a range
-    `chunk` bytes at a time (a mapped file is never copied whole)."""
+    `chunk` bytes at a time (a mapped file is never copied whole). `source`: the file
+    descriptor `model` is mapped from, whose ranges are then read with `os.pread` rather than
+    through the mapping, so that the pages copied never count in this process's memory."""
     for piece in pieces:
         if isinstance(piece, bytes):
             out.write(piece)
             continue
         for start in range(piece[0], piece[1], chunk):
-            out.write(model[start: min(start + chunk, piece[1])])
+            size = min(chunk, piece[1] - start)
+            out.write(model[start: start + size] if source is None
+                      else os.pread(source, size, start))
 
 
 def pieces_without_operator(model) -> list[tuple[int, int] | bytes] | None:
@@ -89,7 +94,7 @@ def pieces_without_operator(model) -> list[tuple[int, int] | bytes] | None:
     for field, wire, value, begin in spans(model, start, end):
         if field != GRAPH_NODE or wire != LENGTH_DELIMITED:
             continue
-        op_type, outputs = _node(model, value)
+        op_type, outputs = node_type_outputs(model, value)
         loops += op_type == "Loop"
         if op_type == "BeamSearch" and tuple(outputs) == OPERATOR_OUTPUTS:
             operator = (begin, value[1])

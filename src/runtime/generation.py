@@ -31,7 +31,7 @@ import numpy as np
 
 from src.core.errors import PipelineError
 from src.data.subword import decode_ids
-from src.runtime import batch_graph, confidence, placement
+from src.runtime import batch_graph, confidence, operator_graph, placement
 from src.runtime.placement import CUDA
 
 GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract changes
@@ -258,13 +258,52 @@ def open_batch_session(model_path: Path, choice: str, threads: int,
             cut = Path(tmp, Path(model_path).name)
             try:
                 with cut.open("wb") as out:
-                    batch_graph.write_pieces(mapped, pieces, out)
+                    batch_graph.write_pieces(mapped, pieces, out, source=fh.fileno())
             except OSError as exc:  # a full or read-only temp dir: slower, not wrong
                 (warn or warn_stderr)(f"batches go through {Path(model_path).name} as "
                                       f"written (no room for its batch search: "
                                       f"{exc.strerror})")
                 return None
             return open_session(model_path, choice, threads, warn, edited=cut)
+
+
+def open_operator_session(model_path: Path, choice: str, threads: int,
+                          warn: Callable[[str], None] | None = None):
+    """A session of the file as its BeamSearch operator alone, each subgraph holding its
+    weights, for one sentence and n-best lists (src/runtime/operator_graph.py); None for a
+    file that is not so written, where the providers are not the CPU's alone, or where the
+    temporary directory has no room (then the file's own session searches, slower)."""
+    import onnxruntime as ort
+
+    try:
+        kind = placement.FileKind.of(placement.read_metadata(model_path))
+        providers = placement.providers_for(choice, kind, ort.get_available_providers())
+    except (PipelineError, OSError, ValueError):  # missing, unreadable, or no provider for
+        return None  # it: opening the file itself says so, in one line
+    if providers != [placement.CPU]:
+        return None  # measured on the CPU only (docs/engines.md)
+    try:
+        with open(model_path, "rb") as fh, \
+                mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            pieces = operator_graph.pieces_operator_only(mapped)
+            if pieces is None:
+                return None
+            with tempfile.TemporaryDirectory(prefix="nmt-operator-",
+                                             ignore_cleanup_errors=True) as tmp:
+                edited = Path(tmp, Path(model_path).name)
+                try:
+                    with edited.open("wb") as out:
+                        batch_graph.write_pieces(mapped, pieces, out, source=fh.fileno())
+                except OSError as exc:  # a full or read-only temp dir: slower, not wrong
+                    (warn or warn_stderr)(f"one sentence goes through {Path(model_path).name} "
+                                          f"as written (no room for its search alone: "
+                                          f"{exc.strerror})")
+                    return None
+                return open_session(model_path, choice, threads, warn, edited=edited)
+    # unreadable, empty or malformed, or the cut refused: the file's own session says what
+    # is wrong with the file, or searches as it always did
+    except (OSError, ValueError, PipelineError):
+        return None
 
 
 def sha256(path: Path) -> str:
@@ -325,10 +364,11 @@ class LoadedModel:
     _batch: list = field(default_factory=list, init=False, repr=False)  # [session] once opened
 
     def session_for(self, rows: int, n_best: int = 1):
-        """The session that searches `rows` sentences for `n_best` hypotheses each: the file's
-        own for one sentence or an n-best list (its BeamSearch operator searches them), for a
-        batch the file without that operator where there is one (opened on the first batch),
-        which spares each batch the operator's one-token dummy step."""
+        """The session that searches `rows` sentences for `n_best` hypotheses each: the
+        translator's own for one sentence or an n-best list (the file's BeamSearch operator
+        searches them; on the CPU the file opened as that operator alone, `open_operator_session`),
+        for a batch the file without that operator where there is one (opened on the first
+        batch), which spares each batch the operator's one-token dummy step."""
         if rows < 2 or n_best > 1 or self.open_batch is None:
             return self.session
         return self.batch_session or self.session
@@ -567,7 +607,8 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provide
     `threads=None`: DEFAULT_THREADS."""
     model_path = Path(model_path)
     threads = threads or DEFAULT_THREADS
-    session = open_session(model_path, provider, threads, warn)
+    session = (open_operator_session(model_path, provider, threads, warn)
+               or open_session(model_path, provider, threads, warn))
     meta = session.get_modelmeta().custom_metadata_map
     # The operator's dummy step was measured on the CPU (docs/engines.md); on CUDA, unmeasured,
     # batches keep the file's own session.

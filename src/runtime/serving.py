@@ -45,8 +45,8 @@ MODEL_CODE = ("__init__.py", "core/__init__.py", "core/errors.py", "core/paths.p
               "core/special_ids.py",
               "data/__init__.py", "data/subword.py", "runtime/__init__.py",
               "runtime/batch_graph.py", "runtime/confidence.py", "runtime/generation.py",
-              "runtime/mlflow_model.py", "runtime/placement.py", "runtime/proto_wire.py",
-              "runtime/serving.py")
+              "runtime/mlflow_model.py", "runtime/operator_graph.py", "runtime/placement.py",
+              "runtime/proto_wire.py", "runtime/serving.py")
 
 
 def bad_request(message: str):
