@@ -358,7 +358,7 @@ class LoadedModel:
 
     session: object
     meta: dict[str, str]
-    # opens the session for batches (`open_batch_session`); None: the file's own session
+    # opens the session for batches (`open_batch_session`); None: the translator's own session
     open_batch: Callable[[], object | None] | None = field(default=None, kw_only=True,
                                                           repr=False)
     _batch: list = field(default_factory=list, init=False, repr=False)  # [session] once opened
