@@ -244,27 +244,9 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
 def open_batch_session(model_path: Path, choice: str, threads: int,
                        warn: Callable[[str], None] | None = None):
     """A session of the file without the BeamSearch operator beside its Loops, for batches
-    (src/runtime/batch_graph.py); None for a file whose batches that operator searches.
-
-    The cut is written to a temporary file, a MiB at a time from the mapped original, and
-    opened by path: opened from bytes in memory, the session held much more memory
-    (docs/engines.md, fifth round)."""
-    with open(model_path, "rb") as fh, \
-            mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        pieces = batch_graph.pieces_without_operator(mapped)
-        if pieces is None:
-            return None
-        with tempfile.TemporaryDirectory(prefix="nmt-batch-", ignore_cleanup_errors=True) as tmp:
-            cut = Path(tmp, Path(model_path).name)
-            try:
-                with cut.open("wb") as out:
-                    batch_graph.write_pieces(mapped, pieces, out, source=fh.fileno())
-            except OSError as exc:  # a full or read-only temp dir: slower, not wrong
-                (warn or warn_stderr)(f"batches go through {Path(model_path).name} as "
-                                      f"written (no room for its batch search: "
-                                      f"{exc.strerror})")
-                return None
-            return open_session(model_path, choice, threads, warn, edited=cut)
+    (src/runtime/batch_graph.py); None for a file whose batches that operator searches."""
+    return _open_cut(model_path, choice, threads, warn, batch_graph.pieces_without_operator,
+                     ("batches go", "its batch search"))
 
 
 def open_operator_session(model_path: Path, choice: str, threads: int,
@@ -283,27 +265,36 @@ def open_operator_session(model_path: Path, choice: str, threads: int,
     if providers != [placement.CPU]:
         return None  # measured on the CPU only (docs/engines.md)
     try:
-        with open(model_path, "rb") as fh, \
-                mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            pieces = operator_graph.pieces_operator_only(mapped)
-            if pieces is None:
-                return None
-            with tempfile.TemporaryDirectory(prefix="nmt-operator-",
-                                             ignore_cleanup_errors=True) as tmp:
-                edited = Path(tmp, Path(model_path).name)
-                try:
-                    with edited.open("wb") as out:
-                        batch_graph.write_pieces(mapped, pieces, out, source=fh.fileno())
-                except OSError as exc:  # a full or read-only temp dir: slower, not wrong
-                    (warn or warn_stderr)(f"one sentence goes through {Path(model_path).name} "
-                                          f"as written (no room for its search alone: "
-                                          f"{exc.strerror})")
-                    return None
-                return open_session(model_path, choice, threads, warn, edited=edited)
+        return _open_cut(model_path, choice, threads, warn, operator_graph.pieces_operator_only,
+                         ("one sentence goes", "its search alone"))
     # unreadable, empty or malformed, or the cut refused: the file's own session says what
     # is wrong with the file, or searches as it always did
     except (OSError, ValueError, PipelineError):
         return None
+
+
+def _open_cut(model_path: Path, choice: str, threads: int, warn: Callable[[str], None] | None,
+              cut: Callable, names: tuple[str, str]):
+    """A session of `cut`'s pieces of the mapped file (None: no cut for this file). They are
+    written to a temporary file, a MiB at a time with `os.pread` (the copied pages never count
+    in this process's memory), and opened by path: opened from bytes in memory, the session
+    held much more memory (docs/engines.md, fifth round). No room there: a warning naming
+    `names` (what goes through the file as written instead, what had no room) and None."""
+    with open(model_path, "rb") as fh, \
+            mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        pieces = cut(mapped)
+        if pieces is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="nmt-cut-", ignore_cleanup_errors=True) as tmp:
+            edited = Path(tmp, Path(model_path).name)
+            try:
+                with edited.open("wb") as out:
+                    batch_graph.write_pieces(mapped, pieces, out, source=fh.fileno())
+            except OSError as exc:  # a full or read-only temp dir: slower, not wrong
+                (warn or warn_stderr)(f"{names[0]} through {Path(model_path).name} as "
+                                      f"written (no room for {names[1]}: {exc.strerror})")
+                return None
+            return open_session(model_path, choice, threads, warn, edited=edited)
 
 
 def sha256(path: Path) -> str:
