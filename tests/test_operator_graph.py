@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from src.runtime import batch_graph, operator_graph
+from src.runtime import batch_graph, generation, operator_graph
 
 FLOAT, INT32 = TensorProto.FLOAT, TensorProto.INT32
 
@@ -71,8 +71,9 @@ def test_the_operator_alone_holds_the_weights_each_subgraph_reads():
     alone = onnx.load_from_string(operator_graph.operator_only(exported_like()))
     assert [n.op_type for n in alone.graph.node] == ["Equal", "Not", "Cast", "BeamSearch"]
     search = alone.graph.node[-1]
-    assert tuple(search.input) == operator_graph.SEARCH_INPUTS
-    assert tuple(search.output) == operator_graph.SEARCH_OUTPUTS
+    inputs, outputs = operator_graph.search_names()
+    assert search.input == [*generation.SEARCH_INPUTS, "", "", "attention_mask"] == list(inputs)
+    assert search.output == list(generation.SEARCH_OUTPUTS) == list(outputs)
     assert tuple(alone.graph.node[0].input) == ("input_ids", "pad_id")
     assert alone.graph.node[2].output == [search.input[-1]]  # the mask it reads
     held = {name: {t.name: float(numpy_helper.to_array(t)[0]) for t in graph.initializer}

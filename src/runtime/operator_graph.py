@@ -30,11 +30,17 @@ NODE_INPUT, NODE_OUTPUT, NODE_OP_TYPE, NODE_ATTRIBUTE = 1, 2, 4, 5  # NodeProto
 ATTR_NAME, ATTR_I, ATTR_G, ATTR_GRAPHS, ATTR_TYPE = 1, 3, 6, 11, 20  # AttributeProto
 INT_ATTRIBUTE, INT32 = 2, 6  # AttributeProto.INT, TensorProto.INT32
 TENSOR_NAME, VALUE_NAME = 8, 1  # TensorProto.name, ValueInfoProto.name
-# the file's search inputs, in BeamSearch's order (onnx_graph.SEARCH_INPUTS), then its mask
-SEARCH_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
-                 "length_penalty", "repetition_penalty", "", "", "attention_mask")
-SEARCH_OUTPUTS = ("sequences", "sequences_scores")
+MASK = "attention_mask"  # BeamSearch's tenth input, after two it is not given
 PAD_CONSTANT = "pad_id"  # the main graph's PAD id, read by the source mask
+
+
+def search_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The operator's inputs (the file's search inputs in BeamSearch's order, then the mask)
+    and outputs: the files' contract, src/runtime/generation.py (imported here, not above:
+    that module imports this one)."""
+    from src.runtime.generation import SEARCH_INPUTS, SEARCH_OUTPUTS
+
+    return (*SEARCH_INPUTS, "", "", MASK), tuple(SEARCH_OUTPUTS)
 
 
 def _text(data, span: tuple[int, int]) -> str:
@@ -85,23 +91,27 @@ def _reads(data, graph: tuple[int, int]) -> set[str]:
     return read
 
 
-def _with_weights(data, graph: tuple[int, int], weights: dict[str, tuple[int, int]]) -> list:
-    """The subgraph in data[graph] holding the outer weights in `weights` (name -> the outer
-    initializer field's range) that it reads, without the value_info it had for them."""
+def _with_weights(data, graph: tuple[int, int], reads: set[str],
+                  weights: dict[str, tuple[int, int]]) -> list:
+    """The subgraph in data[graph], which reads `reads`, holding the outer weights in `weights`
+    (name -> the outer initializer field's range) that it reads, without the value_info it
+    had for them."""
     own = {_named(data, value, TENSOR_NAME) for field, wire, value, _ in spans(data, *graph)
            if field == GRAPH_INITIALIZER and wire == LENGTH_DELIMITED}
-    moved = _reads(data, graph) & weights.keys() - own
+    moved = reads & weights.keys() - own
     kept = [whole for field, wire, value, whole in _whole(data, *graph)
             if not (field == GRAPH_VALUE_INFO and wire == LENGTH_DELIMITED
                     and _named(data, value, VALUE_NAME) in moved)]
     return kept + [weights[name] for name in sorted(moved)]
 
 
-def _operator_node(data, node: tuple[int, int], weights: dict[str, tuple[int, int]]) -> list:
+def _operator_node(data, node: tuple[int, int], reads: dict[tuple[int, int], set[str]],
+                   weights: dict[str, tuple[int, int]]) -> list:
     """The operator's NodeProto reading the file's inputs and writing its outputs, each of its
-    subgraphs holding the weights it reads."""
-    out: list = [b"".join(field_bytes(NODE_INPUT, name.encode()) for name in SEARCH_INPUTS)
-                 + b"".join(field_bytes(NODE_OUTPUT, name.encode()) for name in SEARCH_OUTPUTS)]
+    subgraphs (`reads`: what each, by its range, reads) holding the `weights` it reads."""
+    inputs, outputs = search_names()
+    out: list = [b"".join(field_bytes(NODE_INPUT, name.encode()) for name in inputs)
+                 + b"".join(field_bytes(NODE_OUTPUT, name.encode()) for name in outputs)]
     for field, wire, value, whole in _whole(data, *node):
         if field in (NODE_INPUT, NODE_OUTPUT):
             continue
@@ -111,7 +121,8 @@ def _operator_node(data, node: tuple[int, int], weights: dict[str, tuple[int, in
         attribute: list = []
         for attr_field, attr_wire, attr_value, attr_whole in _whole(data, *value):
             if attr_field == ATTR_G and attr_wire == LENGTH_DELIMITED:
-                attribute += _field(ATTR_G, _with_weights(data, attr_value, weights))
+                attribute += _field(ATTR_G, _with_weights(data, attr_value, reads[attr_value],
+                                                          weights))
             else:
                 attribute.append(attr_whole)
         out += _field(NODE_ATTRIBUTE, attribute)
@@ -166,22 +177,22 @@ def pieces_operator_only(model) -> list | None:
                 ends.add(_named(model, value, VALUE_NAME))
     # a text twin (strings in and out around the search) is left as it is
     if operator is None or not loops or PAD_CONSTANT not in weights or \
-            not {SEARCH_INPUTS[0], *SEARCH_OUTPUTS} <= ends:
+            not {search_names()[0][0], *search_names()[1]} <= ends:
         return None
     # a weight both subgraphs read (the tied embedding) stays in the main graph, read from
     # there by both: one copy in memory, not two
-    readers = [_reads(model, attr_value) for field, wire, value, _ in spans(model, *operator)
-               if field == NODE_ATTRIBUTE and wire == LENGTH_DELIMITED
-               for attr_field, attr_wire, attr_value, _ in spans(model, *value)
-               if attr_field == ATTR_G and attr_wire == LENGTH_DELIMITED]
-    shared = {name for name in weights if sum(name in read for read in readers) > 1}
+    reads = {attr_value: _reads(model, attr_value)
+             for field, wire, value, _ in spans(model, *operator)
+             if field == NODE_ATTRIBUTE and wire == LENGTH_DELIMITED
+             for attr_field, attr_wire, attr_value, _ in spans(model, *value)
+             if attr_field == ATTR_G and attr_wire == LENGTH_DELIMITED}
+    shared = {name for name in weights if sum(name in read for read in reads.values()) > 1}
     alone = {name: whole for name, whole in weights.items() if name not in shared}
-    mask = SEARCH_INPUTS[-1]
     graph_pieces = [*kept, b"".join([
-        _simple_node("Equal", [SEARCH_INPUTS[0], PAD_CONSTANT], [f"{mask}_is_pad"]),
-        _simple_node("Not", [f"{mask}_is_pad"], [f"{mask}_is_token"]),
-        _simple_node("Cast", [f"{mask}_is_token"], [mask], cast_to=INT32)]),
-        *_field(GRAPH_NODE, _operator_node(model, operator, alone)),
+        _simple_node("Equal", [search_names()[0][0], PAD_CONSTANT], [f"{MASK}_is_pad"]),
+        _simple_node("Not", [f"{MASK}_is_pad"], [f"{MASK}_is_token"]),
+        _simple_node("Cast", [f"{MASK}_is_token"], [MASK], cast_to=INT32)]),
+        *_field(GRAPH_NODE, _operator_node(model, operator, reads, alone)),
         *[weights[name] for name in sorted(shared | {PAD_CONSTANT})]]
     pieces: list = []
     for field, wire, _, whole in _whole(model):
