@@ -79,3 +79,24 @@ def test_a_file_whose_batches_the_operator_searches_is_not_cut(model):
     """Without a Loop beside it (the fp16 file, files before the Loops), or with other
     outputs, the operator is each batch's search: nothing to cut."""
     assert batch_graph.without_operator(model) is None
+
+
+@pytest.mark.parametrize("has_pread", [True, False])
+def test_pieces_are_written_from_the_file_or_the_mapping(tmp_path, monkeypatch, has_pread):
+    """Ranges are read with os.pread from the file (the copied pages never count in the
+    process's memory), or through the mapping where os has no pread (Windows): the same
+    bytes."""
+    import mmap
+    import os
+
+    source = tmp_path / "model.onnx"
+    source.write_bytes(bytes(range(256)) * 20)
+    if not has_pread:
+        monkeypatch.delattr(os, "pread")
+    pieces = [b"head", (3, 4000), b"", (5000, 5120), b"tail"]
+    written = tmp_path / "cut.onnx"
+    with source.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
+            written.open("wb") as out:
+        batch_graph.write_pieces(mapped, pieces, out, chunk=1000, source=fh.fileno())
+    data = source.read_bytes()
+    assert written.read_bytes() == b"head" + data[3:4000] + data[5000:5120] + b"tail"

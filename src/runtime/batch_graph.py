@@ -72,14 +72,15 @@ def write_pieces(model, pieces: list[tuple[int, int] | bytes], out,
     `chunk` bytes at a time (a mapped file is never copied whole). `source`: the file
     descriptor `model` is mapped from, whose ranges are then read with `os.pread` rather than
     through the mapping, so that the pages copied never count in this process's memory."""
+    pread = getattr(os, "pread", None) if source is not None else None  # none on Windows
     for piece in pieces:
         if isinstance(piece, bytes):
             out.write(piece)
             continue
         for start in range(piece[0], piece[1], chunk):
             size = min(chunk, piece[1] - start)
-            out.write(model[start: start + size] if source is None
-                      else os.pread(source, size, start))
+            out.write(model[start: start + size] if pread is None
+                      else pread(source, size, start))
 
 
 def pieces_without_operator(model) -> list[tuple[int, int] | bytes] | None:
