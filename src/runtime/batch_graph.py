@@ -68,7 +68,8 @@ def without_operator(model: bytes) -> bytes | None:
 
 def write_pieces(model, pieces: list[tuple[int, int] | bytes], out,
                  chunk: int = 1 << 20, source: int | None = None) -> None:
-    """`pieces_without_operator`'s pieces of `model` into the binary file `out`, a range
+    """A cut's pieces of `model` (`pieces_without_operator`, or
+    `operator_graph.pieces_operator_only`) into the binary file `out`, a range
     `chunk` bytes at a time (a mapped file is never copied whole). `source`: the file
     descriptor `model` is mapped from, whose ranges are then read with `os.pread` rather than
     through the mapping, so that the pages copied never count in this process's memory."""

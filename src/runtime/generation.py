@@ -262,8 +262,8 @@ def open_operator_session(model_path: Path, choice: str, threads: int,
         providers = placement.providers_for(choice, kind, ort.get_available_providers())
     except (PipelineError, OSError, ValueError):  # missing, unreadable, or no provider for
         return None  # it: opening the file itself says so, in one line
-    if providers != [placement.CPU]:
-        return None  # measured on the CPU only (docs/engines.md)
+    if providers != [placement.CPU] or kind.text:  # measured on the CPU only (docs/engines.md);
+        return None  # a text twin's search sits between its tokenizer nodes: never cut
     try:
         return _open_cut(model_path, choice, threads, warn, operator_graph.pieces_operator_only,
                          ("one sentence goes", "its search alone"))

@@ -106,10 +106,12 @@ def _with_weights(data, graph: tuple[int, int], reads: set[str],
 
 
 def _operator_node(data, node: tuple[int, int], reads: dict[tuple[int, int], set[str]],
-                   weights: dict[str, tuple[int, int]]) -> list:
-    """The operator's NodeProto reading the file's inputs and writing its outputs, each of its
-    subgraphs (`reads`: what each, by its range, reads) holding the `weights` it reads."""
-    inputs, outputs = search_names()
+                   weights: dict[str, tuple[int, int]],
+                   names: tuple[tuple[str, ...], tuple[str, ...]]) -> list:
+    """The operator's NodeProto reading the file's inputs and writing its outputs (`names`:
+    `search_names()`), each of its subgraphs (`reads`: what each, by its range, reads) holding
+    the `weights` it reads."""
+    inputs, outputs = names
     out: list = [b"".join(field_bytes(NODE_INPUT, name.encode()) for name in inputs)
                  + b"".join(field_bytes(NODE_OUTPUT, name.encode()) for name in outputs)]
     for field, wire, value, whole in _whole(data, *node):
@@ -160,6 +162,7 @@ def pieces_operator_only(model) -> list | None:
     if graph is None:
         return None
     (start, end), _ = graph
+    names = search_names()
     operator, loops, weights, kept, ends = None, 0, {}, [], set()
     for field, wire, value, whole in _whole(model, start, end):
         if wire != LENGTH_DELIMITED:
@@ -177,7 +180,7 @@ def pieces_operator_only(model) -> list | None:
                 ends.add(_named(model, value, VALUE_NAME))
     # a text twin (strings in and out around the search) is left as it is
     if operator is None or not loops or PAD_CONSTANT not in weights or \
-            not {search_names()[0][0], *search_names()[1]} <= ends:
+            not {names[0][0], *names[1]} <= ends:
         return None
     # a weight both subgraphs read (the tied embedding) stays in the main graph, read from
     # there by both: one copy in memory, not two
@@ -189,10 +192,10 @@ def pieces_operator_only(model) -> list | None:
     shared = {name for name in weights if sum(name in read for read in reads.values()) > 1}
     alone = {name: whole for name, whole in weights.items() if name not in shared}
     graph_pieces = [*kept, b"".join([
-        _simple_node("Equal", [search_names()[0][0], PAD_CONSTANT], [f"{MASK}_is_pad"]),
+        _simple_node("Equal", [names[0][0], PAD_CONSTANT], [f"{MASK}_is_pad"]),
         _simple_node("Not", [f"{MASK}_is_pad"], [f"{MASK}_is_token"]),
         _simple_node("Cast", [f"{MASK}_is_token"], [MASK], cast_to=INT32)]),
-        *_field(GRAPH_NODE, _operator_node(model, operator, reads, alone)),
+        *_field(GRAPH_NODE, _operator_node(model, operator, reads, alone, names)),
         *[weights[name] for name in sorted(shared | {PAD_CONSTANT})]]
     pieces: list = []
     for field, wire, _, whole in _whole(model):
