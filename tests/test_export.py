@@ -274,7 +274,8 @@ def test_search_loop_decodes_as_the_beamsearch_operator_and_pytorch(project, tmp
             max_len = max_output_length(src, 2.0, model)
             for beam, min_length in ((1, 0), (1, max_len + 1), (3, 0), (3, 4)):
                 feeds = generation.search_feeds(src.numpy(), max_len, beam, 1.0)
-                feeds["min_length"][:] = min_length  # + 1 above: the BOS start token counts
+                # + 1 above: the BOS start token counts (a new array: the feeds' own are shared)
+                feeds["min_length"] = np.array([min_length], np.int32)
                 loop, operator = (generation.parse_sequences(sessions[k].run(None, feeds)[0], 0)
                                   for k in ("loop", "operator"))
                 if beam == 1:
