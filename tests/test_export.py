@@ -338,6 +338,10 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     assert whole.translate_scored(sources, batch_size=7) == batched
     assert whole.translate(sources, batch_size=7) == translator.translate(sources, batch_size=7)
     assert len({hyps[0].text for hyps in batched}) > 20  # real, different translations
+    # a lone line takes a shorter way than a batch of one sentence: the same translations
+    alone = [translator.translate([source])[0] for source in sources[:12]]
+    assert alone == translator.translate(sources[:12], batch_size=1)
+    assert translator.translate(["  "]) == [""]
     cut = onnx.load_from_string(batch_graph.without_operator(path.read_bytes()))
     ops = {n.op_type for n in cut.graph.node}
     assert "BeamSearch" not in ops and "Loop" in ops

@@ -145,9 +145,9 @@ def has_scores(meta: Mapping[str, str]) -> bool:
 def run_search(session, src: np.ndarray, new_tokens: int, beam: int, length_penalty: float,
                pad: int = 0) -> list[list[int]]:
     """The best hypothesis's token ids per row (its score not asked for)."""
-    found = run_search_scored(session, src, new_tokens, beam, length_penalty, pad,
-                              scored=False)
-    return [hyps[0].ids for hyps in found]
+    (sequences,) = session.run(["sequences"], session_feeds(session, src, new_tokens, beam,
+                                                            length_penalty, scores=False))
+    return parse_sequences(sequences, pad)
 
 
 def run_search_scored(session, src: np.ndarray, new_tokens: int, beam: int,
@@ -502,6 +502,9 @@ class Translator(LoadedModel):
         source tokens into batches (`length_batches`: little padding), and the order is
         restored."""
         beam = beam or self.default_beam
+        if len(lines) == 1:  # one sentence (a request, a benchmark's batch 1): nothing to batch
+            return self.run([self.encode(lines[0], first_line_no)], beam, max_length) \
+                if lines[0].strip() else [""]
         encoded = self.encode_lines(lines, first_line_no)
         return translate_in_batches(
             lines, batch_size, lambda idx: self.run([encoded[i] for i in idx], beam, max_length),
