@@ -341,7 +341,10 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     # a lone line takes a shorter way than a batch of one sentence: the same translations
     alone = [translator.translate([source])[0] for source in sources[:12]]
     assert alone == translator.translate(sources[:12], batch_size=1)
-    assert translator.translate(["  "]) == [""]
+    assert translator.translate(["  "]) == [""] and translator.translate_scored([""]) == [()]
+    n_best = 1 if isinstance(translator, generation.TextTranslator) else 2
+    assert [translator.translate_scored([source], n_best=n_best)[0] for source in sources[:12]] \
+        == translator.translate_scored(sources[:12], batch_size=1, n_best=n_best)
     cut = onnx.load_from_string(batch_graph.without_operator(path.read_bytes()))
     ops = {n.op_type for n in cut.graph.node}
     assert "BeamSearch" not in ops and "Loop" in ops

@@ -517,6 +517,9 @@ class Translator(LoadedModel):
         tuple for a blank line); the same batches, so the first is `translate`'s line."""
         beam = beam or self.default_beam
         check_n_best(n_best, beam)
+        if len(lines) == 1:  # as in `translate`
+            return self.run_scored([self.encode(lines[0], first_line_no)], beam, max_length,
+                                   n_best) if lines[0].strip() else [()]
         encoded = self.encode_lines(lines, first_line_no)
         return translate_in_batches(
             lines, batch_size,
