@@ -56,7 +56,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
 from src.core.special_ids import BANNED, BOS, EOS, PAD
-from src.graph import onnx_attention, search_loop
+from src.graph import onnx_attention, row_norm, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
 from src.runtime.batch_graph import OPERATOR_OUTPUTS
@@ -516,10 +516,11 @@ def build(model: Transformer, metadata: dict[str, str], opset: int,
     """The fp32 generation model; given a scratch dir, its int8-weight twin; with `fp16`, its
     float16 twin for GPUs (`weights: fp16`, `runs_on: cuda` in its metadata)."""
     encoder, decoder = export_subgraphs(model, opset)
-    built = Built(assemble(encoder, decoder, metadata))
+    cpu_decoder = row_norm.fold_row_norms(decoder)  # its norms on one thread (row_norm.py)
+    built = Built(assemble(encoder, cpu_decoder, metadata))
     if int8_work_dir is not None:
         built.int8 = assemble(quantize_subgraph(encoder, int8_work_dir),
-                              quantize_subgraph(decoder, int8_work_dir),
+                              quantize_subgraph(cpu_decoder, int8_work_dir),
                               {**metadata, "weights": "int8"})
     if fp16:
         # CUDA runs BeamSearch on the device; the greedy loop's Compress would not be.
