@@ -82,8 +82,9 @@ def search_feeds(src: np.ndarray, new_tokens: int, beam: int,
 
 @lru_cache(maxsize=64)
 def _search_settings(beam: int, length_penalty: float, n_best: int) -> dict[str, np.ndarray]:
-    """The feeds that stay the same from sentence to sentence, built once (read-only, shared
-    by every call): at batch 1 building them took a tenth of our Python around each run."""
+    """The feeds that stay the same from sentence to sentence, built once and shared by every
+    call (read-only, so no caller can change another's): at batch 1 the Python around each
+    run is a few percent of a sentence (docs/engines.md)."""
     feeds = {
         "min_length": np.array([0], np.int32),
         "num_beams": np.array([beam], np.int32),
@@ -129,7 +130,7 @@ class Hypothesis:
 def parse_hypotheses(sequences: np.ndarray, scores: np.ndarray | None,
                      pad: int) -> list[list[Hypothesis]]:
     """(B, N, T) sequences and (B, N) scores (or None) -> N hypotheses per row, best first."""
-    # as Python lists first: iterating numpy scalars one by one cost more than the rest
+    # read as Python lists: numpy scalars one by one are slow, and JSON cannot write them
     rows, hypotheses = sequences.shape[:2]
     scores = [[None] * hypotheses] * rows if scores is None else scores.tolist()
     return [[Hypothesis([t for t in hyp[1:] if t != pad], score)
