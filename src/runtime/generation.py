@@ -354,6 +354,8 @@ def translate_in_batches(lines: list[str], batch_size: int, run: Callable[[list[
                          lengths: Mapping[int, int] | None = None, blank="") -> list:
     """One output per line, in order, `blank` for blank lines; `run` translates a batch
     (indices) of `length_batches`."""
+    if len(lines) == 1:  # one sentence (a request, a benchmark's batch 1): nothing to batch
+        return list(run([0])) if lines[0].strip() else [blank]
     out = [blank] * len(lines)
     for idx in length_batches(lines, batch_size, lengths):
         for i, text in zip(idx, run(idx)):
@@ -503,9 +505,6 @@ class Translator(LoadedModel):
         source tokens into batches (`length_batches`: little padding), and the order is
         restored."""
         beam = beam or self.default_beam
-        if len(lines) == 1:  # one sentence (a request, a benchmark's batch 1): nothing to batch
-            return self.run([self.encode(lines[0], first_line_no)], beam, max_length) \
-                if lines[0].strip() else [""]
         encoded = self.encode_lines(lines, first_line_no)
         return translate_in_batches(
             lines, batch_size, lambda idx: self.run([encoded[i] for i in idx], beam, max_length),
@@ -518,9 +517,6 @@ class Translator(LoadedModel):
         tuple for a blank line); the same batches, so the first is `translate`'s line."""
         beam = beam or self.default_beam
         check_n_best(n_best, beam)
-        if len(lines) == 1:  # as in `translate`
-            return self.run_scored([self.encode(lines[0], first_line_no)], beam, max_length,
-                                   n_best) if lines[0].strip() else [()]
         encoded = self.encode_lines(lines, first_line_no)
         return translate_in_batches(
             lines, batch_size,
