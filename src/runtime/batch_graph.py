@@ -58,7 +58,11 @@ def without_operator(model: bytes) -> bytes | None:
     OPERATOR_OUTPUTS, those two values made constants; None for a file whose batches that
     node searches (no such node, or no Loop beside it: the fp16 file, files written before the
     Loops)."""
-    pieces = pieces_without_operator(model)
+    return joined(model, pieces_without_operator(model))
+
+
+def joined(model, pieces: list[tuple[int, int] | bytes] | None) -> bytes | None:
+    """A cut's pieces of `model` as one bytes object (None for no cut)."""
     if pieces is None:
         return None
     out = io.BytesIO()

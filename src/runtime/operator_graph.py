@@ -21,6 +21,7 @@ from src.runtime.batch_graph import (
     GRAPH_NODE,
     MODEL_GRAPH,
     OPERATOR_OUTPUTS,
+    joined,
     node_type_outputs,
 )
 from src.runtime.proto_wire import LENGTH_DELIMITED, field_bytes, key, spans, varint
@@ -147,10 +148,7 @@ def operator_only(model) -> bytes | None:
     docstring; None for a file whose operator already holds its weights (no Loop beside it:
     the fp16 file, files written before the Loops), that has no such operator, or whose
     inputs and outputs are not the search's (the text twins)."""
-    pieces = pieces_operator_only(model)
-    if pieces is None:
-        return None
-    return b"".join(p if isinstance(p, bytes) else bytes(model[slice(*p)]) for p in pieces)
+    return joined(model, pieces_operator_only(model))
 
 
 def pieces_operator_only(model) -> list | None:
