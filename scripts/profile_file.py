@@ -44,7 +44,7 @@ def main(
     import onnxruntime as ort
     from datasets import load_from_disk
 
-    from src.runtime import batch_graph, generation
+    from src.runtime import batch_graph, generation, operator_graph
 
     lines = list(load_from_disk(str(split_dir))["test"]["source"])[:sentences]
     translator = generation.load_translator(model, threads=threads, warn=lambda _: None)
@@ -55,14 +55,16 @@ def main(
     options.profile_file_prefix = str(Path(typer.get_app_dir("nmt-profile")) / "profile")
     Path(options.profile_file_prefix).parent.mkdir(parents=True, exist_ok=True)
     # the session the runtime searches these batches with: a batch's is the file without its
-    # BeamSearch operator (src/runtime/batch_graph.py); a last batch of one stays unprofiled
-    cut = batch_graph.without_operator(model.read_bytes()) if batch > 1 else None
+    # BeamSearch operator (src/runtime/batch_graph.py), one sentence's the operator alone
+    # (src/runtime/operator_graph.py); a last batch of one stays unprofiled
+    cut = (batch_graph.without_operator if batch > 1
+           else operator_graph.operator_only)(model.read_bytes())
     profiled = ort.InferenceSession(str(model) if cut is None else cut, options,
                                     providers=["CPUExecutionProvider"])
-    if cut is None:
-        translator.session = profiled
-    else:
+    if batch > 1 and cut is not None:
         translator.open_batch = lambda: profiled
+    else:
+        translator.session = profiled
     translator.translate(lines[:batch], beam, batch_size=batch)  # warm-up, in the profile too
     start = time.perf_counter()
     translator.translate(lines, beam, batch_size=batch)

@@ -1072,6 +1072,16 @@ def test_profile_script_shares_the_run_out_by_operator(project):
     leaves = [line for line in lines[2:] if not line.strip().startswith("control")]
     assert len(leaves) == 5 and any("DynamicQuantizeMatMul" in line for line in leaves)
     assert all(0 < float(line.split("%")[0].split()[-1]) < 100 for line in leaves)
+    # one sentence is profiled as the runtime searches it: the operator alone, no Loop
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/profile_file.py"),
+         str(project / "models/model.int8.onnx"), "--split-dir", str(project / "data/tokenized"),
+         "--sentences", "3", "--batch", "1", "--beam", "2", "--top", "5"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    controls = [line.split()[1] for line in result.stdout.splitlines()
+                if line.split()[:1] == ["control"]]
+    assert "BeamSearch" in controls and "Loop" not in controls and "If" not in controls
 
 
 # -- scores and n-best lists (issue 57) ----------------------------------------------------------
