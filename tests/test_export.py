@@ -1059,13 +1059,16 @@ def test_engine_benchmark_forces_both_engines_to_one_length(project, tmp_path):
 def test_profile_script_shares_the_run_out_by_operator(project):
     """scripts/profile_file.py on the tiny int8 model: the search's control nodes listed
     apart, the int8 products among the leaf operators, every share below 100%."""
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/profile_file.py"),
-         str(project / "models/model.int8.onnx"), "--split-dir", str(project / "data/tokenized"),
-         "--sentences", "8", "--batch", "4", "--beam", "1", "--top", "5"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    def profile(*options: str) -> list[str]:
+        result = subprocess.run(
+            [sys.executable, str(REPO / "scripts/profile_file.py"),
+             str(project / "models/model.int8.onnx"), "--split-dir",
+             str(project / "data/tokenized"), "--top", "5", *options],
+            cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    lines = profile("--sentences", "8", "--batch", "4", "--beam", "1")
     assert "8 sentences" in lines[0]
     assert any(line.split()[:2] == ["control", "Loop"] for line in lines)
     assert "ms per sentence" in lines[1]  # the share outside session.run
@@ -1073,13 +1076,8 @@ def test_profile_script_shares_the_run_out_by_operator(project):
     assert len(leaves) == 5 and any("DynamicQuantizeMatMul" in line for line in leaves)
     assert all(0 < float(line.split("%")[0].split()[-1]) < 100 for line in leaves)
     # one sentence is profiled as the runtime searches it: the operator alone, no Loop
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/profile_file.py"),
-         str(project / "models/model.int8.onnx"), "--split-dir", str(project / "data/tokenized"),
-         "--sentences", "3", "--batch", "1", "--beam", "2", "--top", "5"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    controls = [line.split()[1] for line in result.stdout.splitlines()
+    controls = [line.split()[1]
+                for line in profile("--sentences", "3", "--batch", "1", "--beam", "2")
                 if line.split()[:1] == ["control"]]
     assert "BeamSearch" in controls and "Loop" not in controls and "If" not in controls
 
