@@ -1,10 +1,10 @@
 """ONNX Runtime's kernels at the shapes of our decoder, on this CPU.
 
-    python scripts/benchmark_kernels.py                 # all seven tables
+    python scripts/benchmark_kernels.py                 # all eight tables
     python scripts/benchmark_kernels.py --json out.json
     python scripts/benchmark_kernels.py --table logp    # one of them
 
-Seven questions behind docs/engines.md and docs/serving.md, each answered by small models timed
+Eight questions behind docs/engines.md and docs/serving.md, each answered by small models timed
 alone (one thread, unless the table says otherwise):
 
 1. Is a VNNI path taken? DynamicQuantizeMatMul (our int8 files) against the fp32 MatMul of the
@@ -27,6 +27,11 @@ alone (one thread, unless the table says otherwise):
    picks EOS, its caches grown by zeros), run to 4 and to 20 tokens for one sentence: the
    difference / 16 is the operator's search per step (log-softmax, TopK, scorer, cache
    reordering, its subgraph call), at beam 1 and 4, one and two threads.
+8. Does a second thread pay for a decoder step's products as it runs them? Twenty products per
+   call as in question 6, but each with a weight of its own (a step reads every weight once,
+   from L3 at best, where question 6 reads one weight from L2) and each reading the previous
+   product's output (split over two threads, half of it was written by the other core); one
+   thread against two.
 
 Not a test: timings need an otherwise idle machine. Each variant runs in turn, three passes,
 and its fastest pass counts.
@@ -251,6 +256,37 @@ def threads_rows() -> list[dict]:
     return rows
 
 
+def chained_products(k: int, n: int) -> bytes:
+    """PRODUCTS fp32 MatMuls in a chain, each with a weight of its own and reading the previous
+    one's output: (M, k) by a (k, n) weight, then, where n != k, by an (n, k) one, in turn; the
+    last output returned."""
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((k, n) if i % 2 == 0 or n == k else (n, k)).astype(
+        np.float32) * 0.05 for i in range(PRODUCTS)]
+    nodes, last = [], "x"
+    for i in range(PRODUCTS):
+        nodes.append(helper.make_node("MatMul", [last, f"w{i}"], [f"y{i}"]))
+        last = f"y{i}"
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info(last, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def chain_rows() -> list[dict]:
+    rows = []
+    for k, n in ((256, 256), (256, 1024)):
+        model = {"fp32": chained_products(k, n)}
+        for m in (1, 4):
+            us = {f"{t}t": best_of(model, features(k, m), 200, threads=t)["fp32"] / PRODUCTS
+                  for t in (1, 2)}
+            rows.append({"table": "chain", "m": m, "k": k, "n": n,
+                         "us": {t: round(v, 2) for t, v in us.items()}})
+    return rows
+
+
 def idle_search(vocab: int = 8000, heads: int = 4, head_dim: int = 64,
                 layers: int = 3) -> bytes:
     """ONNX Runtime's BeamSearch around an encoder and decoder that do almost nothing: the
@@ -339,7 +375,8 @@ def operator_rows() -> list[dict]:
 
 
 TABLES = {"vnni": vnni_rows, "static": static_rows, "nbits": nbits_rows, "topk": topk_rows,
-          "logp": logp_rows, "threads": threads_rows, "operator": operator_rows}
+          "logp": logp_rows, "threads": threads_rows, "operator": operator_rows,
+          "chain": chain_rows}
 
 
 @app.command()
