@@ -292,6 +292,33 @@ def test_search_loop_decodes_as_the_beamsearch_operator_and_pytorch(project, tmp
     assert same_beam >= 0.95 * total_beam
 
 
+def test_the_search_loop_returns_pytorchs_n_best_lists(project):
+    """A batch's n-best lists come from the Loop (files since `N_BEST_BATCHES`): each
+    sentence's N best hypotheses and scores, best first, as src.nmt.search's beam search ranks
+    every one it finished (or, at the length limit, its live beams), N = 1 included; short
+    length limits make the live beams compete."""
+    from datasets import load_from_disk
+
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])[:32]
+    loop = generation.open_batch_session(project / "models/model.onnx", "cpu", 1)
+    assert loop is not None
+    compared = 0
+    for start in range(0, len(sources), 16):
+        src = pad([clip_source(r, MAX_POSITIONS) for r in sources[start: start + 16]])
+        for max_len in (max_output_length(src, 2.0, model), 3):
+            for n_best in (1, 2, 3):
+                lists = generation.run_search_scored(loop, src.numpy(), max_len, 3, 1.0, 0,
+                                                     n_best=n_best)
+                expected = beam_search(model, src, 3, max_len, 1.0, n_best=n_best)
+                for hyps, want in zip(lists, expected):
+                    assert [h.ids for h in hyps] == [ids for ids, _ in want]
+                    np.testing.assert_allclose([h.score for h in hyps],
+                                               [score for _, score in want], rtol=1e-4)
+                    compared += len(want)
+    assert compared > 200
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_one_long_and_31_short_sentences_translate_as_one_by_one(project, beam):
     """A batch whose rows finish at very different steps: the rows that end early are dropped
@@ -312,8 +339,9 @@ def test_one_long_and_31_short_sentences_translate_as_one_by_one(project, beam):
 def test_a_batch_is_searched_without_the_operator_and_translates_the_same(project, name,
                                                                         monkeypatch):
     """A batch goes to the file without its BeamSearch operator (src/runtime/batch_graph.py,
-    which spares it the operator's dummy step), opened on the first batch; one sentence and
-    n-best lists stay with the file's own session; every translation and score is the one the
+    which spares it the operator's dummy step), opened on the first batch, its n-best lists
+    too (a file older than `N_BEST_BATCHES`: they stay with the file's own session); one
+    sentence stays with the file's own session; every translation and score is the one the
     file's own session gives."""
     from datasets import load_from_disk
 
@@ -330,7 +358,12 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     assert batch_session is not None and batch_session is not translator.session
     assert translator.session_for(7) is batch_session
     assert translator.session_for(1) is translator.session
-    assert translator.session_for(7, n_best=2) is translator.session
+    text = isinstance(translator, generation.TextTranslator)
+    if not text:
+        assert translator.session_for(7, n_best=2) is batch_session
+        written = translator.meta.pop(generation.N_BEST_BATCHES)  # as in an older file
+        assert translator.session_for(7, n_best=2) is translator.session
+        translator.meta[generation.N_BEST_BATCHES] = written
     with monkeypatch.context() as patch:  # the file as written, not its operator alone
         patch.setattr(generation, "open_operator_session", lambda *_, **__: None)
         whole = generation.load_translator(path, threads=1)
@@ -342,9 +375,11 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     alone = [translator.translate([source])[0] for source in sources[:12]]
     assert alone == translator.translate(sources[:12], batch_size=1)
     assert translator.translate(["  "]) == [""] and translator.translate_scored([""]) == [()]
-    n_best = 1 if isinstance(translator, generation.TextTranslator) else 2
+    n_best = 1 if text else 2
     assert [translator.translate_scored([source], n_best=n_best)[0] for source in sources[:12]] \
         == translator.translate_scored(sources[:12], batch_size=1, n_best=n_best)
+    assert whole.translate_scored(sources, batch_size=7, n_best=n_best) \
+        == translator.translate_scored(sources, batch_size=7, n_best=n_best)
     cut = onnx.load_from_string(batch_graph.without_operator(path.read_bytes()))
     ops = {n.op_type for n in cut.graph.node}
     assert "BeamSearch" not in ops and "Loop" in ops

@@ -60,7 +60,12 @@ from src.graph import onnx_attention, row_norm, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
 from src.runtime.batch_graph import OPERATOR_OUTPUTS
-from src.runtime.generation import SCORE_SWITCH, SEARCH_INPUTS, SEARCH_OUTPUTS
+from src.runtime.generation import (
+    N_BEST_BATCHES,
+    SCORE_SWITCH,
+    SEARCH_INPUTS,
+    SEARCH_OUTPUTS,
+)
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
@@ -364,8 +369,8 @@ def _optional_or(optional: str, default: str, out: str) -> list[onnx.NodeProto]:
 
 def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
                   decoder: onnx.GraphProto, weights: set[str]) -> list[onnx.NodeProto]:
-    """ONNX Runtime's BeamSearch for one sentence or an n-best list, shrinking Loops for a
-    batch: a greedy one for one beam, a beam one for more.
+    """ONNX Runtime's BeamSearch for one sentence, shrinking Loops for a batch: a greedy one
+    for one beam, a beam one for more (and for n-best lists).
 
     One sentence has nothing to drop, and the operator's compiled search costs less per step
     than a Loop's ONNX nodes; a batch gains more from dropping finished sentences, and greedy
@@ -376,11 +381,8 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     node = helper.make_node
     nodes = [
         node("Shape", ["input_ids"], ["batch_1"], start=0, end=1),
-        node("Equal", ["batch_1", "one_64"], ["one_sentence_1"]),
-        node("Squeeze", ["one_sentence_1"], ["one_sentence"]),
-        node("Greater", ["num_return_sequences", "one_32"], ["n_best_1"]),
-        node("Squeeze", ["n_best_1"], ["n_best"]),
-        node("Or", ["one_sentence", "n_best"], ["by_operator"]),
+        node("Equal", ["batch_1", "one_64"], ["by_operator_1"]),
+        node("Squeeze", ["by_operator_1"], ["by_operator"]),
         _pick("by_operator", "input_ids", "dummy_ids", "operator_ids"),
         node("Where", ["by_operator", "max_length", "two_32"], ["operator_max_length"]),
         node("Where", ["by_operator", "min_length", "zero_32"], ["operator_min_length"]),
@@ -404,6 +406,7 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
               node("Or", ["by_operator", "many_beams"], ["skip_greedy_loop"])]
     loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
                    "min_length": "min_length", "num_beams": "num_beams",
+                   "num_return_sequences": "num_return_sequences",
                    "length_penalty": "length_penalty", "return_scores": "score_switch"}
     nodes += _optional_or(SCORE_SWITCH, "one_32", "score_switch")
     n_layers = len(cross_names_of(decoder)) // 2
@@ -483,6 +486,8 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
     model = helper.make_model(graph, opset_imports=opsets, producer_name="nmt-pipeline",
                               ir_version=IR_VERSION)
     metadata = {**metadata, "outputs": ",".join(SEARCH_OUTPUTS)}
+    if search == "loop":
+        metadata[N_BEST_BATCHES] = "loop"
     helper.set_model_props(model, {k: str(v) for k, v in metadata.items()})
     return model
 

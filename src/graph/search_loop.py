@@ -7,16 +7,20 @@ decoder-step nodes (exported by src/graph/onnx_graph.py), and after each step dr
 sentences that are done (`Compress` on every per-row state: the self-attention cache, the
 cross-attention keys and values, the source mask, the hypotheses), writing each sentence's best
 hypothesis into the output by its original index. Same inputs and the same outputs as the
-BeamSearch node: `sequences` (B, 1, T) with BOS, the tokens, then PAD (EOS is not written), and
-`sequences_scores` (B, 1), each hypothesis's sum(log p) / length**length_penalty (length = its
-tokens, EOS counted).
+BeamSearch node: `sequences` (B, N, T) with BOS, the tokens, then PAD (EOS is not written), and
+`sequences_scores` (B, N), each hypothesis's sum(log p) / length**length_penalty (length = its
+tokens, EOS counted), the N = `num_return_sequences` best of each sentence, best first (greedy
+search: N is 1).
 
 The search is `src.nmt.search.beam_search`, step for step: the 2K best continuations of a
 sentence's K beams; an EOS among the first K finishes a hypothesis (score / length**penalty,
 length counting the EOS); the first K others go on; a sentence is done when it holds K finished
-hypotheses; at the length limit its live beams compete too. Ties go to the earlier candidate,
-as there. `min_length` bans EOS before that length (BOS counted), as ONNX Runtime's operator
-does. The first step runs one row per sentence, as its K beams would be K copies of one row.
+hypotheses; at the length limit its live beams compete too. Each sentence keeps its N best
+hypotheses so far (`best`, (N_open, N) scores, and their tokens in the output), merged with
+each step's finished ones by one TopK: among equal scores the one kept longer comes first.
+Ties go to the earlier candidate, as there. `min_length` bans EOS before that length (BOS
+counted), as ONNX Runtime's operator does. The first step runs one row per sentence, as its K
+beams would be K copies of one row.
 Greedy search, the one-beam case, has a body of its own (`_greedy_body`): the best token of
 each row and its running log-probability, no candidate lists, no reordering.
 
@@ -201,8 +205,9 @@ def _finish_hypotheses(n: Nodes, step: Step, outer: dict[str, str], top: dict[st
                        n_open: str, const: dict[str, str]
                        ) -> tuple[str, str, str, str, str]:
     """Finished hypotheses: EOS among the first K candidates, finite. Each sentence keeps its
-    best (`best`, written to `out` and `out_scores` by an If that runs only in steps where
-    some hypothesis finishes); `count` its finished ones; `base` (N,) its first row."""
+    N best (`best`, (N_open, N), and their tokens and scores in `out` and `out_scores`, by an If
+    that runs only in steps where some hypothesis finishes); `count` its finished ones; `base`
+    (N_open,) its first row."""
     names, axis_1 = step.names, const["axis_1"]
     finite = n.op("Not", n.op("IsInf", top["scores"], detect_positive=0))
     finished = n.op("And", n.op("And", top["is_eos"], outer["first_beams"]), finite)
@@ -214,17 +219,11 @@ def _finish_hypotheses(n: Nodes, step: Step, outer: dict[str, str], top: dict[st
     f = Nodes(step.prefix + "finish/")
     penalty = f.op("Pow", f.op("Cast", top["length"], to=FLOAT), outer["length_penalty"])
     normalized = f.op("Where", finished, f.op("Div", top["scores"], penalty), const["minus_inf"])
-    step_best = f.op("ReduceMax", normalized, axis_1, keepdims=0)             # (N,)
-    step_rank = f.op("ArgMax", normalized, axis=1, keepdims=1)                # (N, 1), first
-    better = f.op("Greater", step_best, names["best"])
-    finished_row = f.op("Add", f.op("Squeeze", f.op("GatherElements", top["source_beam"],
-                                                    step_rank, axis=1), axis_1), base)
-    hypothesis = f.op("Gather", names["history"], finished_row, axis=0)       # (N, t)
-    finish = branch(f, {"best": (f.op("Where", better, step_best, names["best"]), FLOAT),
-                        "out": (write_best(f, names["out"], names["sents"], hypothesis, better,
-                                           step.iteration, outer["max_new"]), INT32),
-                        "out_scores": (write_score(f, names["out_scores"], names["sents"],
-                                                   step_best, better), FLOAT)})
+    rows = f.op("Add", top["source_beam"], f.op("Unsqueeze", base, axis_1))   # (N, 2K)
+    hypotheses = f.op("Gather", names["history"], rows, axis=0)               # (N, 2K, t)
+    best, out, out_scores = keep_best(f, names, normalized, hypotheses, step.iteration, outer)
+    finish = branch(f, {"best": (best, FLOAT), "out": (out, INT32),
+                        "out_scores": (out_scores, FLOAT)})
     keep_as_is = Nodes(step.prefix + "unfinished/")
     unchanged = branch(keep_as_is, {k: (keep_as_is.op("Identity", names[k]), t)
                                     for k, t in (("best", FLOAT), ("out", INT32),
@@ -232,6 +231,27 @@ def _finish_hypotheses(n: Nodes, step: Step, outer: dict[str, str], top: dict[st
     best, out, out_scores = n.ops("If", [some_finished], 3, then_branch=finish,
                                   else_branch=unchanged)
     return best, out, out_scores, count, base
+
+
+def keep_best(n: Nodes, names: dict[str, str], scores: str, hypotheses: str, length: str,
+              outer: dict[str, str]) -> tuple[str, str, str]:
+    """Each open sentence's N best of its kept hypotheses (`names["best"]`, (N_open, N), their
+    tokens in `names["out"]` (B, N, M) at the row `names["sents"]`) and the new ones, `scores`
+    (N_open, C) (-inf: not a hypothesis) with their tokens `hypotheses` (N_open, C, `length`):
+    the new best (N_open, N), out and out_scores. TopK ranks the kept ones first among equal
+    scores, then the new ones in their order."""
+    merged = n.op("Concat", names["best"], scores, axis=1)                   # (N, N + C)
+    best, picked = n.ops("TopK", [merged, outer["returns_1"]], 2, axis=1)   # (N, N)
+    missing = n.op("Sub", outer["max_new"], n.op("Unsqueeze", length, n.const(INT64, [0])))
+    padded = n.op("Pad", hypotheses, n.op("Concat", n.const(INT64, [0, 0, 0, 0, 0]), missing,
+                                          axis=0), n.const(INT32, [PAD], []))  # (N, C, M)
+    where = n.op("Unsqueeze", names["sents"], n.const(INT64, [1]))
+    pool = n.op("Concat", n.op("Gather", names["out"], names["sents"], axis=0), padded, axis=1)
+    index = n.op("Expand", n.op("Unsqueeze", picked, n.const(INT64, [2])), n.op(
+        "Concat", n.op("Shape", picked), n.op("Shape", pool, start=2), axis=0))
+    chosen = n.op("GatherElements", pool, index, axis=1)                      # (N, N, M)
+    return (best, n.op("ScatterND", names["out"], where, chosen),
+            n.op("ScatterND", names["out_scores"], where, best))
 
 
 def _next_state(n: Nodes, step: Step, outer: dict[str, str], state: dict[str, str],
@@ -445,6 +465,7 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
         two_beams = n.op("Add", beams_1, beams_1)
         outer.update({
             "beams": beams, "beams_1": beams_1, "two_beams": two_beams,
+            "returns_1": n.op("Cast", inputs["num_return_sequences"], to=INT64),     # (1,)
             "first_beams": n.op("Less", n.op("Range", zero, n.op("Squeeze", two_beams), one),
                                 beams)})
 
@@ -457,8 +478,10 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
     empty_cache = n.op("ConstantOfShape", n.op("Concat", batch_1,
                                                 n.const(INT64, [heads, 0, d_head]), axis=0),
                        value=helper.make_tensor("v", float_type, [1], [0]))
-    out = n.op("ConstantOfShape", n.op("Concat", batch_1, outer["max_new"], axis=0),
-               value=helper.make_tensor("v", INT32, [1], [PAD]))              # (B, M)
+    # (B, M) greedy, (B, N, M) beam search: each sentence's N best
+    out = n.op("ConstantOfShape", n.op("Concat", batch_1, *([] if greedy else [
+        outer["returns_1"]]), outer["max_new"], axis=0),
+               value=helper.make_tensor("v", INT32, [1], [PAD]))
     sents = n.op("Range", zero, batch, one)
     trip = n.op("Squeeze", outer["max_new"])
     start = n.op("Greater", trip, zero)
@@ -467,12 +490,14 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
     # name: (value, type, the skipped path's dims and values)
     starts = {"trip": (trip, INT64, [], [0]), "start": (start, BOOL, [], [False]),
               "sents": (sents, INT64, [0], []), "tokens": (tokens, INT32, [0, 1], [])}
-    starts.update(_score_starts(n, batch_1, one_1, greedy))
-    out_scores = n.op("ConstantOfShape", batch_1,
-                      value=helper.make_tensor("v", FLOAT, [1], [float("-inf")]))  # (B,)
+    starts.update(_score_starts(n, batch_1, one_1, outer.get("returns_1")))
+    per_sentence = batch_1 if greedy else n.op("Concat", batch_1, outer["returns_1"], axis=0)
+    out_scores = n.op("ConstantOfShape", per_sentence,
+                      value=helper.make_tensor("v", FLOAT, [1], [float("-inf")]))  # (B[, N])
     starts.update({
-        "history": (history, INT32, [0, 0], []), "out": (out, INT32, [0, 0], []),
-        "out_scores": (out_scores, FLOAT, [0], []),
+        "history": (history, INT32, [0, 0], []),
+        "out": (out, INT32, [0, 0] if greedy else [0, 1, 0], []),
+        "out_scores": (out_scores, FLOAT, [0] if greedy else [0, 1], []),
         "empty_cache": (empty_cache, float_type, [0, heads, 0, d_head], []),
         **{c: (v, float_type, [0, heads, 1, d_head], []) for c, v in zip(crosses, cross_values)},
         "mask": (mask, INT32, [0, 1], []), "batch_1": (batch_1, INT64, [1], [0]),
@@ -485,15 +510,18 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
         starts.update({
             "beams": (beams, INT64, [], [1]), "beams_1": (beams_1, INT64, [1], [1]),
             "two_beams": (two_beams, INT64, [1], [2]),
+            "returns_1": (outer["returns_1"], INT64, [1], [1]),
             "first_beams": (outer["first_beams"], BOOL, [2], [True, False])})
     setup, exposed = _skippable(n.nodes, starts, skip, pre)
     return setup, exposed, {k: exposed[k] for k in outer}
 
 
-def _score_starts(n: Nodes, batch_1: str, one_1: str, greedy: bool) -> dict[str, tuple]:
-    """The start values of the scores: greedy, a row's sum of log-probabilities (B,); beam
-    search, the beams' (B, 1), each sentence's best finished score and count of finished."""
-    if greedy:
+def _score_starts(n: Nodes, batch_1: str, one_1: str, returns_1: str | None
+                  ) -> dict[str, tuple]:
+    """The start values of the scores: greedy (`returns_1` None), a row's sum of
+    log-probabilities (B,); beam search, the beams' (B, 1), each sentence's N best finished
+    scores (B, N) (`returns_1`: [N]) and its count of finished."""
+    if returns_1 is None:
         return {"scores": (n.op("ConstantOfShape", batch_1,
                                 value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B,)
                            FLOAT, [0], [])}
@@ -501,9 +529,9 @@ def _score_starts(n: Nodes, batch_1: str, one_1: str, greedy: bool) -> dict[str,
         "scores": (n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
                         value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B, 1)
                    FLOAT, [0, 1], []),
-        "best": (n.op("ConstantOfShape", batch_1,
+        "best": (n.op("ConstantOfShape", n.op("Concat", batch_1, returns_1, axis=0),
                       value=helper.make_tensor("v", FLOAT, [1], [float("-inf")])),
-                 FLOAT, [0], []),
+                 FLOAT, [0, 1], []),
         "count": (n.op("ConstantOfShape", batch_1,
                        value=helper.make_tensor("v", INT64, [1], [0])), INT64, [0], [])}
 
@@ -568,25 +596,28 @@ def _finish(end: dict[str, str], batch_1: str, outer: dict[str, str], outputs: t
     if greedy:
         better = n.op("ConstantOfShape", n.op("Shape", end["sents"]),
                       value=helper.make_tensor("v", BOOL, [1], [True]))
-        hypotheses = end["history"]
         live_best = n.op("Div", end["scores"], penalty)                       # (N,)
+        final = write_best(n, end["out"], end["sents"], end["history"], better, steps,
+                           outer["max_new"])
+        final_scores = n.op("Unsqueeze", write_score(n, end["out_scores"], end["sents"],
+                                                     live_best, better), one_1)  # (B, 1)
+        final = n.op("Unsqueeze", final, one_1)                               # (B, 1, M)
+        bos_shape = n.op("Concat", batch_1, one_1, one_1, axis=0)             # [B, 1, 1]
     else:
-        zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
         live = n.op("Div", end["scores"], penalty)                            # (N, 1 or K)
-        live_best = n.op("ReduceMax", live, n.const(INT64, [1]), keepdims=0)
-        live_rank = n.op("Squeeze", n.op("ArgMax", live, axis=1, keepdims=1), one_1)
-        n_open = n.op("Squeeze", n.op("Shape", end["sents"]))
-        beams_now = n.op("Squeeze", n.op("Shape", end["scores"], start=1, end=2))  # 1 or K
-        rows = n.op("Add", live_rank, n.op("Mul", n.op("Range", zero, n_open, one), beams_now))
-        better = n.op("Greater", live_best, end["best"])
-        hypotheses = n.op("Gather", end["history"], rows, axis=0)
-    final = write_best(n, end["out"], end["sents"], hypotheses, better, steps, outer["max_new"])
-    final_scores = write_score(n, end["out_scores"], end["sents"], live_best, better)
-    written = n.op("Slice", final, zero_1, n.op("Unsqueeze", steps, zero_1), one_1)
-    bos = n.op("Expand", n.const(INT32, [BOS], [1, 1]),
-               n.op("Concat", batch_1, one_1, axis=0))
-    searched = n.op("Unsqueeze", n.op("Concat", bos, written, axis=1), one_1)
-    scored = n.op("Unsqueeze", final_scores, one_1)                          # (B, 1)
+        beams_now = n.op("Shape", end["scores"], start=1, end=2)              # [1 or K]
+        live_hypotheses = n.op("Reshape", end["history"], n.op(
+            "Concat", n.op("Shape", end["sents"]), beams_now, n.op("Unsqueeze", steps, zero_1),
+            axis=0))                                                          # (N, 1 or K, t)
+        names = {"best": end["best"], "out": end["out"], "out_scores": end["out_scores"],
+                 "sents": end["sents"]}
+        _, final, final_scores = keep_best(n, names, live, live_hypotheses, steps, outer)
+        bos_shape = n.op("Concat", batch_1, outer["returns_1"], one_1, axis=0)  # [B, N, 1]
+    written = n.op("Slice", final, zero_1, n.op("Unsqueeze", steps, zero_1),
+                   n.const(INT64, [2]))                                       # (B, N, t)
+    bos = n.op("Expand", n.const(INT32, [BOS], [1, 1, 1]), bos_shape)
+    searched = n.op("Concat", bos, written, axis=2)                           # (B, N, T)
+    scored = final_scores                                                     # (B, N)
     passed = [helper.make_node("Identity", [given], [f"{pre}final/skipped_{i}"])
               for i, given in enumerate(skipped)]
     finish = helper.make_node(

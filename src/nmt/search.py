@@ -65,15 +65,16 @@ def greedy_search(model: Transformer, src: Tensor, max_len: int, length_penalty:
 @torch.no_grad()
 def beam_search(
     model: Transformer, src: Tensor, beam: int, max_len: int, length_penalty: float = 1.0,
-    with_scores: bool = False,
+    with_scores: bool = False, n_best: int = 0,
 ):
     """Batched beam search; returns the best finished hypothesis per row, EOS excluded
-    (`with_scores`: (ids, score) per row, the score as ranked).
+    (`with_scores`: (ids, score) per row, the score as ranked; `n_best` N > 0: a list of the N
+    best (ids, score) per row, best first, equal scores in the order they finished).
 
     A row stops when it holds `beam` finished hypotheses (early stopping, as in ORT/HF with
     early_stopping=True); rows still open at max_len finish with their live beams.
     """
-    if beam == 1:
+    if beam == 1 and not n_best:
         return greedy_search(model, src, max_len, length_penalty, with_scores)
     batch, device = src.shape[0], src.device
     memory, src_mask = model.encode(src)
@@ -137,6 +138,9 @@ def beam_search(
                     finished[b].append(
                         (s / history.shape[1] ** length_penalty, history[b * beam + k].tolist())
                     )
+    if n_best:
+        return [[(hyp, score) for score, hyp in sorted(f, key=lambda x: -x[0])[:n_best]]
+                for f in finished]
     best = [max(f, key=lambda x: x[0]) if f else (float("-inf"), []) for f in finished]
     if with_scores:
         return [(hyp, score) for score, hyp in best]

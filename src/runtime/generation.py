@@ -51,6 +51,10 @@ SCORE_SWITCH = "return_scores"
 # What a file of ours returns; files written before scores (GRAPH_FORMAT nmt-beamsearch-1
 # without `outputs` in their metadata) return `sequences` only.
 SEARCH_OUTPUTS = ("sequences", "sequences_scores")
+# Metadata of the files whose batch Loop returns n-best lists (written since 2026-11-28,
+# "loop"); in older files only the BeamSearch operator does, so their n-best batches stay
+# with the whole file's session.
+N_BEST_BATCHES = "n_best_batches"
 METADATA_KEYS = ["format", "pad_id", "bos_id", "eos_id", "max_source_tokens",
                  "max_output_tokens", "beam_size", "length_penalty", "max_length_ratio",
                  "source_tokenizer_sha256", "target_tokenizer_sha256"]
@@ -376,11 +380,14 @@ class LoadedModel:
 
     def session_for(self, rows: int, n_best: int = 1):
         """The session that searches `rows` sentences for `n_best` hypotheses each: the
-        translator's own for one sentence or an n-best list (the file's BeamSearch operator
-        searches them; on the CPU the file opened as that operator alone, `open_operator_session`),
-        for a batch the file without that operator where there is one (opened on the first
-        batch), which spares each batch the operator's one-token dummy step."""
-        if rows < 2 or n_best > 1 or self.open_batch is None:
+        translator's own for one sentence (the file's BeamSearch operator searches it; on the
+        CPU the file opened as that operator alone, `open_operator_session`), for a batch the
+        file without that operator where there is one (opened on the first batch), which
+        spares each batch the operator's one-token dummy step. A batch's n-best lists too,
+        where the file's Loop returns them (`N_BEST_BATCHES`); in older files only the
+        operator does."""
+        if rows < 2 or self.open_batch is None or (
+                n_best > 1 and self.meta.get(N_BEST_BATCHES) != "loop"):
             return self.session
         return self.batch_session or self.session
 
