@@ -244,16 +244,24 @@ def repeated_products(k: int, n: int) -> bytes:
         helper.make_opsetid("", 18)]).SerializeToString()
 
 
-def threads_rows() -> list[dict]:
+def one_and_two_threads(table: str, shapes: tuple, build) -> list[dict]:
+    """µs per product of `build(k, n)` (PRODUCTS products per call) at 1 and 4 rows, on one
+    thread and on two, for each (k, n) in `shapes`."""
     rows = []
-    for k, n in ((256, 256), (256, 768), (256, 1024), (1024, 256), (256, 8000)):
-        model = {"fp32": repeated_products(k, n)}
+    for k, n in shapes:
+        model = {"fp32": build(k, n)}
         for m in (1, 4):
             us = {f"{t}t": best_of(model, features(k, m), 200, threads=t)["fp32"] / PRODUCTS
                   for t in (1, 2)}
-            rows.append({"table": "threads", "m": m, "k": k, "n": n,
+            rows.append({"table": table, "m": m, "k": k, "n": n,
                          "us": {t: round(v, 2) for t, v in us.items()}})
     return rows
+
+
+def threads_rows() -> list[dict]:
+    return one_and_two_threads(
+        "threads", ((256, 256), (256, 768), (256, 1024), (1024, 256), (256, 8000)),
+        repeated_products)
 
 
 def chained_products(k: int, n: int) -> bytes:
@@ -276,15 +284,7 @@ def chained_products(k: int, n: int) -> bytes:
 
 
 def chain_rows() -> list[dict]:
-    rows = []
-    for k, n in ((256, 256), (256, 1024)):
-        model = {"fp32": chained_products(k, n)}
-        for m in (1, 4):
-            us = {f"{t}t": best_of(model, features(k, m), 200, threads=t)["fp32"] / PRODUCTS
-                  for t in (1, 2)}
-            rows.append({"table": "chain", "m": m, "k": k, "n": n,
-                         "us": {t: round(v, 2) for t, v in us.items()}})
-    return rows
+    return one_and_two_threads("chain", ((256, 256), (256, 1024)), chained_products)
 
 
 def idle_search(vocab: int = 8000, heads: int = 4, head_dim: int = 64,
