@@ -2,9 +2,9 @@
 
 Files written by src.export search one sentence with ONNX Runtime's BeamSearch operator (and,
 in files older than the `generation.N_BEST_BATCHES` metadata, every n-best list) and a batch
-with ONNX Loops, side by side in the main graph with the
-weights (`onnx_graph.both_searches`: ONNX Runtime pre-packs the weights of products only one
-scope up, so neither search can sit inside an If). ONNX Runtime runs every node of a graph on
+with ONNX Loops, side by side in the main graph with the weights (`onnx_graph.both_searches`:
+ONNX Runtime pre-packs the weights of products only one scope up, so neither search can sit
+inside an If). ONNX Runtime runs every node of a graph on
 every call, so each batch also paid for one step of the operator on a one-token dummy, run
 after the Loop with the weights no longer in cache (docs/engines.md). For batches the runtime
 opens the same file with that node cut out and its two outputs made constants: what the
