@@ -4,11 +4,11 @@ Files written by src.export search one sentence with ONNX Runtime's BeamSearch o
 in files older than the `generation.N_BEST_BATCHES` metadata, every n-best list) and a batch
 with ONNX Loops, side by side in the main graph with the weights (`onnx_graph.both_searches`:
 ONNX Runtime pre-packs the weights of products only one scope up, so neither search can sit
-inside an If). ONNX Runtime runs every node of a graph on
-every call, so each batch also paid for one step of the operator on a one-token dummy, run
-after the Loop with the weights no longer in cache (docs/engines.md). For batches the runtime
-opens the same file with that node cut out and its two outputs made constants: what the
-Loops' skipped branch would return, never read when a batch is searched.
+inside an If). ONNX Runtime runs every node of a graph on every call, so each batch also paid
+for one step of the operator on a one-token dummy, run after the Loop with the weights no
+longer in cache (docs/engines.md). For batches the runtime opens the same file with that node
+cut out and its two outputs made constants: what the Loops' skipped branch would return, never
+read when a batch is searched.
 
 The cut is made in the file's bytes (src/runtime/proto_wire.py): the served model has no `onnx`
 package, and the subgraphs and weights are copied as they are, never parsed.
