@@ -478,10 +478,6 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
     empty_cache = n.op("ConstantOfShape", n.op("Concat", batch_1,
                                                 n.const(INT64, [heads, 0, d_head]), axis=0),
                        value=helper.make_tensor("v", float_type, [1], [0]))
-    # (B, M) greedy, (B, N, M) beam search: each sentence's N best
-    out = n.op("ConstantOfShape", n.op("Concat", batch_1, *([] if greedy else [
-        outer["returns_1"]]), outer["max_new"], axis=0),
-               value=helper.make_tensor("v", INT32, [1], [PAD]))
     sents = n.op("Range", zero, batch, one)
     trip = n.op("Squeeze", outer["max_new"])
     start = n.op("Greater", trip, zero)
@@ -490,14 +486,9 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
     # name: (value, type, the skipped path's dims and values)
     starts = {"trip": (trip, INT64, [], [0]), "start": (start, BOOL, [], [False]),
               "sents": (sents, INT64, [0], []), "tokens": (tokens, INT32, [0, 1], [])}
-    starts.update(_score_starts(n, batch_1, one_1, outer.get("returns_1")))
-    per_sentence = batch_1 if greedy else n.op("Concat", batch_1, outer["returns_1"], axis=0)
-    out_scores = n.op("ConstantOfShape", per_sentence,
-                      value=helper.make_tensor("v", FLOAT, [1], [float("-inf")]))  # (B[, N])
+    starts.update(_result_starts(n, batch_1, one_1, outer["max_new"], outer.get("returns_1")))
     starts.update({
         "history": (history, INT32, [0, 0], []),
-        "out": (out, INT32, [0, 0] if greedy else [0, 1, 0], []),
-        "out_scores": (out_scores, FLOAT, [0] if greedy else [0, 1], []),
         "empty_cache": (empty_cache, float_type, [0, heads, 0, d_head], []),
         **{c: (v, float_type, [0, heads, 1, d_head], []) for c, v in zip(crosses, cross_values)},
         "mask": (mask, INT32, [0, 1], []), "batch_1": (batch_1, INT64, [1], [0]),
@@ -516,20 +507,29 @@ def _setup(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: int, ke
     return setup, exposed, {k: exposed[k] for k in outer}
 
 
-def _score_starts(n: Nodes, batch_1: str, one_1: str, returns_1: str | None
-                  ) -> dict[str, tuple]:
-    """The start values of the scores: greedy (`returns_1` None), a row's sum of
-    log-probabilities (B,); beam search, the beams' (B, 1), each sentence's N best finished
-    scores (B, N) (`returns_1`: [N]) and its count of finished."""
+def _result_starts(n: Nodes, batch_1: str, one_1: str, max_new: str, returns_1: str | None
+                   ) -> dict[str, tuple]:
+    """The start values of the scores and results: greedy (`returns_1` None), a row's sum of
+    log-probabilities (B,), each sentence's tokens `out` (B, M) and score `out_scores` (B,);
+    beam search (`returns_1`: [N]), the beams' scores (B, 1), each sentence's N best finished
+    scores `best` (B, N), their tokens and scores (B, N, M) and (B, N), its count of finished."""
+    per_sentence = batch_1 if returns_1 is None else n.op("Concat", batch_1, returns_1, axis=0)
+    dims = [0] if returns_1 is None else [0, 1]  # the skipped path's
+    starts = {
+        "out": (n.op("ConstantOfShape", n.op("Concat", per_sentence, max_new, axis=0),
+                     value=helper.make_tensor("v", INT32, [1], [PAD])), INT32, [*dims, 0], []),
+        "out_scores": (n.op("ConstantOfShape", per_sentence, value=helper.make_tensor(
+            "v", FLOAT, [1], [float("-inf")])), FLOAT, dims, [])}
     if returns_1 is None:
-        return {"scores": (n.op("ConstantOfShape", batch_1,
-                                value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B,)
-                           FLOAT, [0], [])}
+        starts["scores"] = (n.op("ConstantOfShape", batch_1, value=helper.make_tensor(
+            "v", FLOAT, [1], [0.0])), FLOAT, [0], [])
+        return starts
     return {
+        **starts,
         "scores": (n.op("ConstantOfShape", n.op("Concat", batch_1, one_1, axis=0),
                         value=helper.make_tensor("v", FLOAT, [1], [0.0])),  # (B, 1)
                    FLOAT, [0, 1], []),
-        "best": (n.op("ConstantOfShape", n.op("Concat", batch_1, returns_1, axis=0),
+        "best": (n.op("ConstantOfShape", per_sentence,
                       value=helper.make_tensor("v", FLOAT, [1], [float("-inf")])),
                  FLOAT, [0, 1], []),
         "count": (n.op("ConstantOfShape", batch_1,

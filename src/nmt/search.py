@@ -138,6 +138,12 @@ def beam_search(
                     finished[b].append(
                         (s / history.shape[1] ** length_penalty, history[b * beam + k].tolist())
                     )
+    return _ranked(finished, with_scores, n_best)
+
+
+def _ranked(finished: list[list[tuple[float, list[int]]]], with_scores: bool, n_best: int):
+    """`beam_search`'s result from each row's (score, ids) hypotheses in the order they
+    finished."""
     if n_best:
         return [[(hyp, score) for score, hyp in sorted(f, key=lambda x: -x[0])[:n_best]]
                 for f in finished]
