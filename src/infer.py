@@ -54,9 +54,7 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     translator = load_translator(onnx, tokenizer, provider, threads)
     if isinstance(translator, TextTranslator):
         translator.check_search(beam, max_length)
-        if n_best > 1:
-            raise PipelineError("a text model returns one translation per line: use the "
-                                "generation model (model.onnx) for --n-best")
+        translator.check_n_best(n_best)
     check_n_best(n_best, beam or translator.default_beam)
     if scores and not translator.scored:
         raise PipelineError(f"{onnx} has no scores (exported before they were added): export "

@@ -829,15 +829,20 @@ def test_text_model_takes_strings_and_returns_strings(project):
     model = onnx.load(str(project / "models/model.text.onnx"))
     graph = model.graph
     assert [(i.name, i.type.WhichOneof("value")) for i in graph.input] == [
-        ("text", "tensor_type"), (generation.SCORE_SWITCH, "optional_type")]
+        ("text", "tensor_type"), ("num_return_sequences", "tensor_type"),
+        (generation.SCORE_SWITCH, "optional_type")]
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.STRING
+    defaults = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    assert defaults["num_return_sequences"].tolist() == [1]  # left out: one hypothesis
     assert [(o.name, o.type.tensor_type.elem_type) for o in graph.output] == [
-        ("translation", onnx.TensorProto.STRING), ("score", onnx.TensorProto.FLOAT)]
+        ("translation", onnx.TensorProto.STRING), ("score", onnx.TensorProto.FLOAT),
+        ("translations", onnx.TensorProto.STRING), ("scores", onnx.TensorProto.FLOAT)]
     ops = [n.op_type for n in graph.node]
     assert ops[0] == "SentencepieceTokenizer" and "If" in ops and "Loop" in ops
     assert onnx_graph.beam_search_node(graph).op_type == "BeamSearch"
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["format"] == generation.TEXT_FORMAT and meta["beam_size"] == "3"
+    assert meta[generation.TEXT_OUTPUTS] == "translation,score,translations,scores"
 
 
 @pytest.mark.parametrize("text_name", TEXT_MODELS)
@@ -1280,6 +1285,65 @@ def test_the_text_twin_returns_the_generation_files_scores(project):
     from_ids = ids.translate_scored(lines, batch_size=16)
     assert [t[0].text for t in from_text] == [t[0].text for t in from_ids]
     assert max(abs(t[0].score - i[0].score) for t, i in zip(from_text, from_ids)) < 1e-5
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])  # one sentence: the operator; more: the Loop
+def test_the_text_twin_returns_the_generation_files_n_best_lists(project, batch_size):
+    from datasets import load_from_disk
+
+    lines = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:24]
+    lines.insert(5, "")
+    text = generation.load_translator(project / "models/model.text.onnx", threads=1)
+    ids = generation.load_translator(project / "models/model.onnx", threads=1)
+    from_text = text.translate_scored(lines, batch_size=batch_size, n_best=3)
+    from_ids = ids.translate_scored(lines, batch_size=batch_size, n_best=3)
+    assert from_text[5] == () and {len(hyps) for hyps in from_text if hyps} == {3}
+    assert [[h.text for h in hyps] for hyps in from_text] == [
+        [h.text for h in hyps] for hyps in from_ids]
+    assert max(abs(t.score - i.score) for t_hyps, i_hyps in zip(from_text, from_ids)
+               for t, i in zip(t_hyps, i_hyps)) < 1e-5
+    best = text.translate(lines, batch_size=batch_size)
+    assert [hyps[0].text if hyps else "" for hyps in from_text] == best
+
+
+def test_a_text_twin_without_n_best_lists_translates_and_refuses_them(project, tmp_path):
+    """A text model written before n-best lists (no `translations`/`scores` outputs, no
+    `num_return_sequences` input, no `text_outputs` metadata) translates, with scores, and
+    infer says how to get an n-best list."""
+    model = onnx.load(str(project / "models/model.text.onnx"))
+    kept = [o for o in model.graph.output if o.name in ("translation", "score")]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    inputs = [i for i in model.graph.input if i.name != "num_return_sequences"]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    props = [p for p in model.metadata_props if p.key != generation.TEXT_OUTPUTS]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    old = tmp_path / "old.text.onnx"
+    onnx.save(model, old)
+    lines = ["I have three cats.", "", "Where is the station?"]
+    old_text = generation.load_translator(old, threads=1)
+    new_text = generation.load_translator(project / "models/model.text.onnx", threads=1)
+    assert old_text.translate_scored(lines) == new_text.translate_scored(lines)
+    assert_one_line_error(infer(project, "--n-best", "2", "Hello.", model=old),
+                          "returns one translation per line (written before n-best lists)")
+
+
+def test_infer_writes_a_text_twins_n_best_list(project):
+    lines = "I have three cats.\n\nWhere is the station?\n"
+    runs = [infer(project, "--n-best", "2", "--format", "jsonl", stdin=lines,
+                  model=project / "models" / name) for name in ("model.text.onnx", "model.onnx")]
+    assert all(run.returncode == 0 for run in runs), [run.stderr for run in runs]
+    from_text, from_ids = ([json.loads(line) for line in run.stdout.splitlines()]
+                           for run in runs)
+    assert [[h["text"] for h in r["hypotheses"]] for r in from_text] == [
+        [h["text"] for h in r["hypotheses"]] for r in from_ids]
+    assert len(from_text[0]["hypotheses"]) == 2 and from_text[1]["hypotheses"] == []
+    assert from_text[0]["confidence"] == pytest.approx(from_ids[0]["confidence"], abs=1e-5)
+    assert_one_line_error(infer(project, "--n-best", "4", "Hello.",
+                                model=project / "models/model.text.onnx"),
+                          "n-best 4: a search with beam 3 returns 1 to 3")
 
 
 def test_infer_writes_n_best_lists_as_json_lines_and_tsv(project):

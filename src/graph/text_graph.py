@@ -4,10 +4,17 @@
 returns strings, so a C#, Java, C++ or JavaScript program translates with ONNX Runtime, the
 onnxruntime-extensions library and this one file (no Python, no separate tokenizer):
 
-    text         string (B,)   sentences; a blank one comes back blank
-    -> translation string (B,)
-    -> score       float (B,)    the search's score of each translation (generation models
-                                 with `sequences_scores`; the score of a blank line means nothing)
+    text                  string (B,)   sentences; a blank one comes back blank
+    num_return_sequences  int32 (1,)    optional (left out: 1): hypotheses per sentence, 1 to
+                                        the file's beam
+    -> translation        string (B,)   the best translation of each sentence
+    -> score              float (B,)    its search score (generation models with
+                                        `sequences_scores`; a blank line's means nothing)
+    -> translations       string (B, N) the n-best list, best first (N = num_return_sequences)
+    -> scores             float (B, N)  their scores (with `score` only)
+
+`translations` and `scores` are in files written since 2026-11-29 (metadata `text_outputs`
+names them).
 
 The search settings are fixed in the file (metadata `beam_size`, `length_penalty`,
 `max_length_ratio`); `python -m src.text_graph` writes a twin with others, e.g. greedy.
@@ -36,7 +43,10 @@ from src.runtime.generation import (
     SCORE_SWITCH,
     TEXT_FORMAT,
     TEXT_INPUT,
+    TEXT_N_BEST_SCORES,
+    TEXT_N_BEST_TEXTS,
     TEXT_OUTPUT,
+    TEXT_OUTPUTS,
     TEXT_SCORE,
     TEXT_SOURCE_TOKENIZER,
     has_scores,
@@ -128,10 +138,11 @@ def join_cjk_nodes(text: str, joined: str) -> tuple[list, list]:
 
 
 def _decode_nodes(target_model: bytes) -> tuple[list, list]:
-    """Nodes sequences (B, 1, T) -> translation (B,) strings, blank where the text was."""
-    consts = [_const("squeeze_axis", TensorProto.INT64, [1]),
-              _const("batch_axis", TensorProto.INT64, [0], []),
-              _const("flat", TensorProto.INT64, [-1]),
+    """Nodes sequences (B, N, T) -> translations (B, N) strings, blank where the text was, and
+    translation (B,), the first of each row."""
+    consts = [_const("batch_axis", TensorProto.INT64, [0], []),
+              _const("first", TensorProto.INT64, [0], []),
+              _const("two", TensorProto.INT64, [2]),
               _const("empty_text", TensorProto.STRING, [b""], []),
               _const("no_pieces", TensorProto.INT64, [0], []),
               _const("broken_byte", TensorProto.STRING, [BROKEN_BYTE.encode()], [1]),
@@ -148,18 +159,23 @@ def _decode_nodes(target_model: bytes) -> tuple[list, list]:
         [helper.make_tensor_value_info("keep_going_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("row_text", TensorProto.STRING, [1])])
     nodes = [
-        node("Squeeze", ["sequences", "squeeze_axis"], ["ids_i32"]),          # (B, T)
+        node("Flatten", ["sequences"], ["ids_i32"], axis=2),                  # (B * N, T)
         node("Cast", ["ids_i32"], ["ids_i64"], to=TensorProto.INT64),
         node("Shape", ["ids_i64"], ["ids_shape"]),
-        node("Gather", ["ids_shape", "batch_axis"], ["batch_size"]),
-        node("Loop", ["batch_size", ""], ["row_texts"], body=body),           # (B, 1)
-        node("Reshape", ["row_texts", "flat"], ["decoded"]),
-        node("Equal", ["row_pieces", "no_pieces"], ["was_blank"]),
+        node("Gather", ["ids_shape", "batch_axis"], ["hypothesis_count"]),
+        node("Loop", ["hypothesis_count", ""], ["row_texts"], body=body),           # (B * N, 1)
+        node("Shape", ["sequences"], ["sequences_shape"]),
+        node("Slice", ["sequences_shape", "slice_begin", "two"], ["lists_shape"]),  # (B, N)
+        node("Reshape", ["row_texts", "lists_shape"], ["decoded"]),
+        node("Equal", ["row_pieces", "no_pieces"], ["blank_row"]),
+        node("Unsqueeze", ["blank_row", "axis1"], ["was_blank"]),            # (B, 1)
         node("StringRegexReplace", ["decoded", "broken_byte", "nothing"], ["repaired"],
              domain=CONTRIB_DOMAIN, name="DropBrokenBytes"),  # as subword.drop_broken_bytes
     ]
     join_nodes, join_consts = join_cjk_nodes("repaired", "joined")
-    nodes += join_nodes + [node("Where", ["was_blank", "empty_text", "joined"], [TEXT_OUTPUT])]
+    nodes += join_nodes + [
+        node("Where", ["was_blank", "empty_text", "joined"], [TEXT_N_BEST_TEXTS]),
+        node("Gather", [TEXT_N_BEST_TEXTS, "first"], [TEXT_OUTPUT], axis=1)]
     return nodes, consts + join_consts
 
 
@@ -185,21 +201,26 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
         _const("num_beams", TensorProto.INT32, [int(meta["beam_size"])]),
         _const("length_penalty", TensorProto.FLOAT, [float(meta["length_penalty"])]),
         _const("min_length", TensorProto.INT32, [0]),
+        # an input with a default (an initializer of the same name): left out, one hypothesis
         _const("num_return_sequences", TensorProto.INT32, [1]),
         _const("repetition_penalty", TensorProto.FLOAT, [1.0]),
     ]
-    switch = [i for i in graph.input if i.name == SCORE_SWITCH]  # kept: still optional
+    kept = [i for i in graph.input if i.name in (SCORE_SWITCH, "num_return_sequences")]
     del graph.input[:]
     graph.input.extend([helper.make_tensor_value_info(TEXT_INPUT, TensorProto.STRING,
-                                                      ["batch_size"]), *switch])
-    del graph.output[:]
-    graph.output.extend([helper.make_tensor_value_info(TEXT_OUTPUT, TensorProto.STRING,
-                                                       ["batch_size"])])
+                                                      ["batch_size"]), *kept])
+    outputs = [(TEXT_OUTPUT, TensorProto.STRING, ["batch_size"]),
+               (TEXT_N_BEST_TEXTS, TensorProto.STRING, ["batch_size", "num_return_sequences"])]
     if has_scores(meta):
-        graph.output.extend([helper.make_tensor_value_info(TEXT_SCORE, TensorProto.FLOAT,
-                                                           ["batch_size"])])
-        decode = [*decode, helper.make_node("Squeeze", ["sequences_scores", "squeeze_axis"],
-                                            [TEXT_SCORE])]
+        outputs[1:1] = [(TEXT_SCORE, TensorProto.FLOAT, ["batch_size"])]
+        outputs.append((TEXT_N_BEST_SCORES, TensorProto.FLOAT,
+                        ["batch_size", "num_return_sequences"]))
+        decode = [*decode, helper.make_node("Identity", ["sequences_scores"],
+                                            [TEXT_N_BEST_SCORES]),
+                  helper.make_node("Gather", ["sequences_scores", "first"], [TEXT_SCORE],
+                                   axis=1)]
+    del graph.output[:]
+    graph.output.extend([helper.make_tensor_value_info(*output) for output in outputs])
     nodes = [*encode, *graph.node, *decode]
     del graph.node[:]
     graph.node.extend(nodes)
@@ -207,6 +228,7 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
     graph.name = "nmt text generation"
     model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     helper.set_model_props(model, {**meta, "format": TEXT_FORMAT,
+                                   TEXT_OUTPUTS: ",".join(name for name, *_ in outputs),
                                    TEXT_SOURCE_TOKENIZER: base64.b64encode(source_model).decode()})
     return model
 

@@ -39,6 +39,11 @@ GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract c
 # SentencePiece inside through the onnxruntime-extensions operators, around the same search.
 TEXT_FORMAT = "nmt-text-1"
 TEXT_INPUT, TEXT_OUTPUT, TEXT_SCORE = "text", "translation", "score"
+# Text models written since 2026-11-29 also return each sentence's n-best list, (B, N) strings
+# and scores, N the optional input `num_return_sequences` (left out: 1); their metadata
+# `text_outputs` names the outputs a text model has.
+TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES = "translations", "scores"
+TEXT_OUTPUTS = "text_outputs"
 # A text model's metadata also holds its source SentencePiece model (base64), so a Python
 # caller batches a file by source tokens exactly as the generation model's translator does.
 TEXT_SOURCE_TOKENIZER = "source_tokenizer_base64"
@@ -552,17 +557,28 @@ class TextTranslator(LoadedModel):
         feeds = {TEXT_INPUT: np.array(lines, dtype=object), **score_switch(session, False)}
         return [str(t) for t in session.run([TEXT_OUTPUT], feeds)[0]]
 
-    def run_scored(self, lines: list[str]) -> list[tuple[Scored, ...]]:
-        """Each line's translation with its score (None from a file without scores); its
-        length is not known (the file returns text, not ids)."""
-        session = self.session_for(len(lines))
+    def run_scored(self, lines: list[str], n_best: int = 1) -> list[tuple[Scored, ...]]:
+        """Each line's `n_best` translations with their scores (None from a file without
+        scores), best first; their lengths are not known (the file returns text, not ids)."""
+        session = self.session_for(len(lines), n_best)
         feeds = {TEXT_INPUT: np.array(lines, dtype=object),
                  **score_switch(session, self.scored)}
-        names = [TEXT_OUTPUT, TEXT_SCORE] if self.scored else [TEXT_OUTPUT]
-        outputs = session.run(names, feeds)
-        scores = outputs[1] if self.scored else [None] * len(lines)
-        return [(Scored(str(t), None if s is None else float(s), None),)
-                for t, s in zip(outputs[0], scores)]
+        names = [TEXT_OUTPUT, TEXT_SCORE]  # files written before n-best lists: one per line
+        if self.has_n_best:
+            feeds["num_return_sequences"] = np.array([n_best], np.int32)
+            names = [TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES]
+        outputs = session.run(names[:1 + self.scored], feeds)
+        texts = np.asarray(outputs[0], dtype=object).reshape(len(lines), -1)
+        scores = (np.asarray(outputs[1]).reshape(len(lines), -1) if self.scored
+                  else np.full(texts.shape, None))
+        return [tuple(Scored(str(t), None if s is None else float(s), None)
+                      for t, s in zip(row_texts, row_scores))
+                for row_texts, row_scores in zip(texts, scores)]
+
+    @property
+    def has_n_best(self) -> bool:
+        """Whether the file returns n-best lists (text models written since 2026-11-29)."""
+        return TEXT_N_BEST_TEXTS in self.meta.get(TEXT_OUTPUTS, "").split(",")
 
     def check_search(self, beam: int | None, max_length: int | None) -> None:
         """Refuse settings the file cannot honour (its search is fixed at export)."""
@@ -572,6 +588,16 @@ class TextTranslator(LoadedModel):
                                 f"{self.meta['max_length_ratio']}): use the generation model "
                                 f"(model.onnx) for --beam/--max-length, or write a text model "
                                 f"with other settings (python -m src.text_graph --help)")
+
+    def check_n_best(self, n_best: int) -> None:
+        """Refuse an n-best list longer than the file's beam, or one from a file written
+        before text models returned them."""
+        check_n_best(n_best, self.default_beam)
+        if n_best > 1 and not self.has_n_best:
+            raise PipelineError("this text model returns one translation per line (written "
+                                "before n-best lists): use the generation model (model.onnx) "
+                                "for --n-best, or write the text model again (python -m "
+                                "src.text_graph --help)")
 
     @cached_property
     def source(self):
@@ -607,13 +633,11 @@ class TextTranslator(LoadedModel):
     def translate_scored(self, lines: list[str], beam: int | None = None,
                          max_length: int | None = None, batch_size: int = 32,
                          first_line_no: int = 1, n_best: int = 1) -> list[tuple[Scored, ...]]:
-        """As `translate`, with each translation's score; one hypothesis per line."""
+        """As `translate`, each line's `n_best` translations with their scores."""
         self.check_search(beam, max_length)
-        if n_best != 1:
-            raise PipelineError("a text model returns one translation per line: use the "
-                                "generation model (model.onnx) for an n-best list")
+        self.check_n_best(n_best)
         return translate_in_batches(lines, batch_size,
-                                    lambda idx: self.run_scored([lines[i] for i in idx]),
+                                    lambda idx: self.run_scored([lines[i] for i in idx], n_best),
                                     self.source_lengths(lines), blank=())
 
 
