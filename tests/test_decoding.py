@@ -82,8 +82,9 @@ def test_decoding_starts_no_threads_and_a_lone_row_decodes_as_in_a_batch(sp):
 
 
 def test_the_text_graph_decodes_as_python_does(byte_model, sp):
-    """The decode half of the text-in text-out graph, alone: (B, 1, T) ids and each row's
-    source piece count in, strings out (a row with no source pieces stays blank)."""
+    """The decode half of the text-in text-out graph, alone: (B, N, T) ids and each row's
+    source piece count in, strings out, (B, N) and the first of each row (a row with no source
+    pieces stays blank)."""
     ort = pytest.importorskip("onnxruntime")
     from onnxruntime_extensions import get_library_path
 
@@ -92,9 +93,10 @@ def test_the_text_graph_decodes_as_python_does(byte_model, sp):
     nodes, consts = _decode_nodes(byte_model)
     graph = helper.make_graph(
         nodes, "decode",
-        [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["B", 1, "T"]),
+        [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["B", "N", "T"]),
          helper.make_tensor_value_info("row_pieces", TensorProto.INT64, ["B"])],
-        [helper.make_tensor_value_info("translation", TensorProto.STRING, ["B"])],
+        [helper.make_tensor_value_info("translation", TensorProto.STRING, ["B"]),
+         helper.make_tensor_value_info("translations", TensorProto.STRING, ["B", "N"])],
         initializer=consts)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                     helper.make_opsetid(CONTRIB_DOMAIN, 1)])
@@ -107,8 +109,13 @@ def test_the_text_graph_decodes_as_python_does(byte_model, sp):
     width = max(len(r) for r in rows(sp)) + 1
     ids = np.array([[[BOS, *r, *[PAD] * (width - 1 - len(r))]] for r in rows(sp)], np.int32)
     pieces = np.arange(2, 2 + len(WANT), dtype=np.int64)
-    (got,) = session.run(None, {"sequences": ids, "row_pieces": pieces})
-    assert list(got) == WANT
+    got, lists = session.run(None, {"sequences": ids, "row_pieces": pieces})
+    assert list(got) == WANT and lists.tolist() == [[w] for w in WANT]
     pieces[0] = 0
-    (got,) = session.run(None, {"sequences": ids, "row_pieces": pieces})
+    (got, _) = session.run(None, {"sequences": ids, "row_pieces": pieces})
     assert list(got) == ["", *WANT[1:]]
+    # two hypotheses per sentence: each row's list in order, the second the next row's text
+    pairs = np.concatenate([ids, np.roll(ids, -1, axis=0)], axis=1)  # (B, 2, T)
+    got, lists = session.run(None, {"sequences": pairs, "row_pieces": pieces})
+    assert list(got) == ["", *WANT[1:]]
+    assert lists.tolist() == [["", ""], *([w, n] for w, n in zip(WANT[1:], [*WANT[2:], WANT[0]]))]

@@ -142,7 +142,9 @@ def _decode_nodes(target_model: bytes) -> tuple[list, list]:
     translation (B,), the first of each row."""
     consts = [_const("batch_axis", TensorProto.INT64, [0], []),
               _const("first", TensorProto.INT64, [0], []),
-              _const("two", TensorProto.INT64, [2]),
+              _const("lists_shape_begin", TensorProto.INT64, [0]),
+              _const("lists_shape_end", TensorProto.INT64, [2]),
+              _const("list_axis", TensorProto.INT64, [1]),
               _const("empty_text", TensorProto.STRING, [b""], []),
               _const("no_pieces", TensorProto.INT64, [0], []),
               _const("broken_byte", TensorProto.STRING, [BROKEN_BYTE.encode()], [1]),
@@ -165,10 +167,11 @@ def _decode_nodes(target_model: bytes) -> tuple[list, list]:
         node("Gather", ["ids_shape", "batch_axis"], ["hypothesis_count"]),
         node("Loop", ["hypothesis_count", ""], ["row_texts"], body=body),           # (B * N, 1)
         node("Shape", ["sequences"], ["sequences_shape"]),
-        node("Slice", ["sequences_shape", "slice_begin", "two"], ["lists_shape"]),  # (B, N)
+        node("Slice", ["sequences_shape", "lists_shape_begin", "lists_shape_end"],
+             ["lists_shape"]),                                                 # (B, N)
         node("Reshape", ["row_texts", "lists_shape"], ["decoded"]),
         node("Equal", ["row_pieces", "no_pieces"], ["blank_row"]),
-        node("Unsqueeze", ["blank_row", "axis1"], ["was_blank"]),            # (B, 1)
+        node("Unsqueeze", ["blank_row", "list_axis"], ["was_blank"]),        # (B, 1)
         node("StringRegexReplace", ["decoded", "broken_byte", "nothing"], ["repaired"],
              domain=CONTRIB_DOMAIN, name="DropBrokenBytes"),  # as subword.drop_broken_bytes
     ]
