@@ -5,6 +5,7 @@ every round.
     python scripts/compare_files.py old_models/ models/ --threads 1 --precisions int8,fp32
     python scripts/compare_files.py models/ --scores --beams 1 --batches 32 --repeats 20
     python scripts/compare_files.py models/ models/ --whole-first --batches 32 --repeats 16
+    python scripts/compare_files.py old_twins/ models/ --text --batches 1,32
 
 Prints sentences/s per file (its fastest pass) for every precision x beam x batch, each file's
 speed against the first's as the median of the rounds' ratios (a round's two passes run seconds
@@ -13,7 +14,8 @@ directory's. `--scores`: each file is also timed returning scores (`translate_sc
 `<dir>+scores`. `--whole-first`: the first directory's batches go through the file as written,
 BeamSearch operator included, as before the runtime cut it out for batches
 (src/runtime/batch_graph.py), labelled `<dir>(whole)`. Not a test: timings need an otherwise
-idle machine.
+idle machine. `--text`: the text twins (model.text.onnx, model.int8.text.onnx) instead, each
+searching as written (`--beams` does not apply).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from src.core import paths  # noqa: E402
 from src.runtime import generation  # noqa: E402
 
 FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+TEXT_FILES = {"fp32": "model.text.onnx", "int8": "model.int8.text.onnx"}
 
 
 def main() -> None:
@@ -49,6 +52,8 @@ def main() -> None:
     parser.add_argument("--whole-first", action="store_true",
                         help="the first directory's batches through the file as written "
                              "(no cut of its BeamSearch operator)")
+    parser.add_argument("--text", action="store_true",
+                        help="time the text twins, each with the search it was written with")
     args = parser.parse_args()
     from datasets import load_from_disk
 
@@ -58,13 +63,15 @@ def main() -> None:
     labels = [f"{d}{'(whole)' if i == 0 and args.whole_first else ''}"
               for i, d in enumerate(args.dirs)]
     names = [f"{label}{'+scores' if scored else ''}" for label in labels for scored in modes]
+    files = TEXT_FILES if args.text else FILES
+    beams = [None] if args.text else ints(args.beams)  # None: the file's own beam
     for threads in ints(args.threads):
         for precision in args.precisions.split(","):
-            translators = [generation.load_translator(d / FILES[precision], threads=threads)
+            translators = [generation.load_translator(d / files[precision], threads=threads)
                            for d in args.dirs]
             if args.whole_first:
                 translators[0].open_batch = None
-            for beam in ints(args.beams):
+            for beam in beams:
                 for size in ints(args.batches):
                     runs = [passes(t, lines, beam, size, scored)
                             for t in translators for scored in modes]
@@ -84,7 +91,8 @@ def main() -> None:
                               for s in seconds[1:]]
                     same = [sum(a == b for a, b in zip(outputs[0], o)) / len(lines)
                             for o in outputs[1:]]
-                    print(f"{precision} threads {threads} beam {beam} batch {size}: {speeds} "
+                    print(f"{precision} threads {threads} beam {beam or 'as written'} batch "
+                          f"{size}: {speeds} "
                           f"sent/s; speed against the first (median of {args.repeats} rounds): "
                           f"{', '.join(f'{x:.3f}' for x in paired)}; identical to the first: "
                           f"{', '.join(f'{x:.1%}' for x in same)}", flush=True)

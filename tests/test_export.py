@@ -1229,6 +1229,22 @@ def test_compare_files_times_a_file_whole_against_its_batch_cut(project):
     assert line.endswith("identical to the first: 100.0%")  # the cut changes no translation
 
 
+def test_compare_files_times_the_text_twins_as_written(project, tmp_path):
+    """--text times model.text.onnx (the only file in the directory) as it was written."""
+    models = tmp_path / "twin"
+    models.mkdir()
+    (models / "model.text.onnx").symlink_to(project / "models/model.text.onnx")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/compare_files.py"), str(models), "--text",
+         "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
+         "--beams", "1", "--batches", "4", "--precisions", "fp32", "--scores"],
+        capture_output=True, text=True, cwd=project)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    assert line.startswith("fp32 threads 1 beam as written batch 4: ")
+    assert line.endswith("identical to the first: 100.0%")
+
+
 def test_an_n_best_list_is_distinct_and_ordered_best_first(project):
     from datasets import load_from_disk
 
