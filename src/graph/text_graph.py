@@ -13,8 +13,8 @@ onnxruntime-extensions library and this one file (no Python, no separate tokeniz
     -> translations       string (B, N) the n-best list, best first (N = num_return_sequences)
     -> scores             float (B, N)  their scores (with `score` only)
 
-`translations` and `scores` are in files written since 2026-11-29 (metadata `text_outputs`
-names them).
+`translations` and `scores` are in files written since 2026-11-28 (evening); the metadata
+`text_outputs` names a file's outputs.
 
 The search settings are fixed in the file (metadata `beam_size`, `length_penalty`,
 `max_length_ratio`); `python -m src.text_graph` writes a twin with others, e.g. greedy.
@@ -165,7 +165,7 @@ def _decode_nodes(target_model: bytes) -> tuple[list, list]:
         node("Cast", ["ids_i32"], ["ids_i64"], to=TensorProto.INT64),
         node("Shape", ["ids_i64"], ["ids_shape"]),
         node("Gather", ["ids_shape", "batch_axis"], ["hypothesis_count"]),
-        node("Loop", ["hypothesis_count", ""], ["row_texts"], body=body),           # (B * N, 1)
+        node("Loop", ["hypothesis_count", ""], ["row_texts"], body=body),     # (B * N, 1)
         node("Shape", ["sequences"], ["sequences_shape"]),
         node("Slice", ["sequences_shape", "lists_shape_begin", "lists_shape_end"],
              ["lists_shape"]),                                                 # (B, N)

@@ -39,9 +39,9 @@ GRAPH_FORMAT = "nmt-beamsearch-1"  # metadata `format`; bump when the contract c
 # SentencePiece inside through the onnxruntime-extensions operators, around the same search.
 TEXT_FORMAT = "nmt-text-1"
 TEXT_INPUT, TEXT_OUTPUT, TEXT_SCORE = "text", "translation", "score"
-# Text models written since 2026-11-29 also return each sentence's n-best list, (B, N) strings
-# and scores, N the optional input `num_return_sequences` (left out: 1); their metadata
-# `text_outputs` names the outputs a text model has.
+# Text models written since n-best lists (2026-11-28, evening) also return each sentence's list,
+# (B, N) strings and scores, N the optional input `num_return_sequences` (left out: 1); their
+# metadata `text_outputs` names the outputs a text model has.
 TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES = "translations", "scores"
 TEXT_OUTPUTS = "text_outputs"
 # A text model's metadata also holds its source SentencePiece model (base64), so a Python
@@ -577,7 +577,7 @@ class TextTranslator(LoadedModel):
 
     @property
     def has_n_best(self) -> bool:
-        """Whether the file returns n-best lists (text models written since 2026-11-29)."""
+        """Whether the file returns n-best lists (its metadata `text_outputs` names them)."""
         return TEXT_N_BEST_TEXTS in self.meta.get(TEXT_OUTPUTS, "").split(",")
 
     def check_search(self, beam: int | None, max_length: int | None) -> None:
