@@ -5,8 +5,9 @@
     python -m src.infer --onnx models/model.onnx --input en.txt --output zh.txt   # batched
     python -m src.infer --n-best 4 --format jsonl "How are you?"   # 4 hypotheses, scored
 
-A text model (models/model.text.onnx, SentencePiece inside the graph) needs no tokenizer dir
-and searches as it was exported.
+A text model (models/model.text.onnx, SentencePiece inside the graph) needs no tokenizer dir;
+its output length follows the export's ratio (no --max-length), and files written before its
+search inputs also keep the export's beam and return one hypothesis per line.
 
 Reads the model's metadata_props (special ids, limits, default beam, tokenizer fingerprints;
 the contract lives in src/generation.py, shared with export, the MLflow model and the
@@ -54,8 +55,9 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     translator = load_translator(onnx, tokenizer, provider, threads)
     if isinstance(translator, TextTranslator):
         translator.check_search(beam, max_length)
-        translator.check_n_best(n_best)
-    check_n_best(n_best, beam or translator.default_beam)
+        translator.check_n_best(n_best, beam)
+    else:
+        check_n_best(n_best, beam or translator.default_beam)
     if scores and not translator.scored:
         raise PipelineError(f"{onnx} has no scores (exported before they were added): export "
                             "it again (dvc repro export) for --scores, --n-best or --format")

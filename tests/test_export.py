@@ -25,6 +25,7 @@ from toy_corpus import toy_pairs
 from src.data.batching import clip_source, make_batch, pad
 from src.data.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
 from src.graph import onnx_graph
+from src.graph.text_graph import OPTIONAL_SEARCH_INPUTS
 from src.nmt import checkpoint
 from src.nmt.model import ModelConfig, Transformer
 from src.nmt.search import beam_search, greedy_search, max_output_length
@@ -829,11 +830,13 @@ def test_text_model_takes_strings_and_returns_strings(project):
     model = onnx.load(str(project / "models/model.text.onnx"))
     graph = model.graph
     assert [(i.name, i.type.WhichOneof("value")) for i in graph.input] == [
-        ("text", "tensor_type"), ("num_return_sequences", "tensor_type"),
+        ("text", "tensor_type"), ("num_beams", "tensor_type"),
+        ("num_return_sequences", "tensor_type"), ("length_penalty", "tensor_type"),
         (generation.SCORE_SWITCH, "optional_type")]
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.STRING
-    defaults = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
-    assert defaults["num_return_sequences"].tolist() == [1]  # left out: one hypothesis
+    defaults = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in graph.initializer}
+    # left out: the export's search, one hypothesis
+    assert (defaults["num_beams"], defaults["num_return_sequences"]) == ([3], [1])
     assert [(o.name, o.type.tensor_type.elem_type) for o in graph.output] == [
         ("translation", onnx.TensorProto.STRING), ("score", onnx.TensorProto.FLOAT),
         ("translations", onnx.TensorProto.STRING), ("scores", onnx.TensorProto.FLOAT)]
@@ -843,6 +846,8 @@ def test_text_model_takes_strings_and_returns_strings(project):
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["format"] == generation.TEXT_FORMAT and meta["beam_size"] == "3"
     assert meta[generation.TEXT_OUTPUTS] == "translation,score,translations,scores"
+    assert meta[generation.TEXT_INPUTS] == "num_beams,length_penalty,num_return_sequences"
+    assert defaults["length_penalty"] == pytest.approx([float(meta["length_penalty"])])
 
 
 @pytest.mark.parametrize("text_name", TEXT_MODELS)
@@ -879,7 +884,7 @@ def test_both_translators_batch_a_file_alike_by_source_tokens(project, monkeypat
     monkeypatch.setattr(generation_model, "run", lambda rows, beam, max_length: batches[
         "model.onnx"].append([line_of[tuple(r)] for r in rows]) or [""] * len(rows))
     text_model = generation.load_translator(models / "model.text.onnx", threads=1)
-    monkeypatch.setattr(text_model, "run", lambda texts: batches["model.text.onnx"].append(
+    monkeypatch.setattr(text_model, "run", lambda texts, beam: batches["model.text.onnx"].append(
         list(texts)) or [""] * len(texts))
     for translator in (generation_model, text_model):
         translator.translate(lines, batch_size=4)
@@ -892,7 +897,7 @@ def test_both_translators_batch_a_file_alike_by_source_tokens(project, monkeypat
 
 def test_text_model_refuses_search_settings_it_does_not_have(project):
     text = project / "models/model.text.onnx"
-    assert_one_line_error(infer(project, "Hello.", "--beam", "1", model=text),
+    assert_one_line_error(infer(project, "Hello.", "--max-length", "5", model=text),
                           "a text model searches as exported")
     assert_one_line_error(infer(project, "Hello.", "--tokenizer",
                                 str(project / "models/tokenizer"), model=text),
@@ -1323,17 +1328,18 @@ def test_the_text_twin_returns_the_generation_files_n_best_lists(project, batch_
 
 
 def test_a_text_twin_without_n_best_lists_translates_and_refuses_them(project, tmp_path):
-    """A text model written before n-best lists (no `translations`/`scores` outputs, no
-    `num_return_sequences` input, no `text_outputs` metadata) translates, with scores, and
-    infer says how to get an n-best list."""
+    """A text model written before n-best lists and search inputs (no `translations`/`scores`
+    outputs, no optional search inputs, no `text_outputs`/`text_inputs` metadata) translates,
+    with scores; infer says how to get an n-best list or another beam."""
     model = onnx.load(str(project / "models/model.text.onnx"))
     kept = [o for o in model.graph.output if o.name in ("translation", "score")]
     del model.graph.output[:]
     model.graph.output.extend(kept)
-    inputs = [i for i in model.graph.input if i.name != "num_return_sequences"]
+    inputs = [i for i in model.graph.input if i.name not in OPTIONAL_SEARCH_INPUTS]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
-    props = [p for p in model.metadata_props if p.key != generation.TEXT_OUTPUTS]
+    props = [p for p in model.metadata_props
+             if p.key not in (generation.TEXT_OUTPUTS, generation.TEXT_INPUTS)]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     old = tmp_path / "old.text.onnx"
@@ -1344,6 +1350,27 @@ def test_a_text_twin_without_n_best_lists_translates_and_refuses_them(project, t
     assert old_text.translate_scored(lines) == new_text.translate_scored(lines)
     assert_one_line_error(infer(project, "--n-best", "2", "Hello.", model=old),
                           "returns one translation per line (written before n-best lists)")
+    assert_one_line_error(infer(project, "--beam", "1", "Hello.", model=old),
+                          "a text model searches as exported (beam 3")
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_the_text_twin_searches_with_the_beam_it_is_given(project, batch_size):
+    """A beam other than the file's (3): the generation file's translations and n-best lists
+    at that beam, through the operator (one sentence) and the Loop (a batch)."""
+    from datasets import load_from_disk
+
+    lines = list(load_from_disk(str(project / "data/tokenized"))["test"]["source"])[:24]
+    text = generation.load_translator(project / "models/model.text.onnx", threads=1)
+    ids = generation.load_translator(project / "models/model.onnx", threads=1)
+    for beam in (1, 4):
+        assert text.translate(lines, beam, batch_size=batch_size) == ids.translate(
+            lines, beam, batch_size=batch_size)
+    from_text = text.translate_scored(lines, 4, batch_size=batch_size, n_best=4)
+    from_ids = ids.translate_scored(lines, 4, batch_size=batch_size, n_best=4)
+    assert [[h.text for h in hyps] for hyps in from_text] == [
+        [h.text for h in hyps] for hyps in from_ids]
+    assert {len(hyps) for hyps in from_text} == {4}  # more than the file's beam of 3
 
 
 def test_infer_writes_a_text_twins_n_best_list(project):

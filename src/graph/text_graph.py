@@ -5,19 +5,20 @@ returns strings, so a C#, Java, C++ or JavaScript program translates with ONNX R
 onnxruntime-extensions library and this one file (no Python, no separate tokenizer):
 
     text                  string (B,)   sentences; a blank one comes back blank
+    num_beams             int32 (1,)    optional (left out: the file's beam)
+    length_penalty        float (1,)    optional (left out: the file's)
     num_return_sequences  int32 (1,)    optional (left out: 1): hypotheses per sentence, 1 to
-                                        the file's beam
+                                        the beam
     -> translation        string (B,)   the best translation of each sentence
     -> score              float (B,)    its search score (generation models with
                                         `sequences_scores`; a blank line's means nothing)
     -> translations       string (B, N) the n-best list, best first (N = num_return_sequences)
     -> scores             float (B, N)  their scores (with `score` only)
 
-`translations` and `scores` are in files written since 2026-11-28 (evening); the metadata
-`text_outputs` names a file's outputs.
-
-The search settings are fixed in the file (metadata `beam_size`, `length_penalty`,
-`max_length_ratio`); `python -m src.text_graph` writes a twin with others, e.g. greedy.
+The optional inputs and the n-best outputs are in files written since 2026-11-28 (evening); the
+metadata `text_inputs` and `text_outputs` name a file's. Left out, the search is the one the file
+was written with (metadata `beam_size`, `length_penalty`); the output length always follows
+`max_length_ratio`. `python -m src.text_graph` writes a twin with other defaults, e.g. greedy.
 
 Inside: `SentencepieceTokenizer` (ai.onnx.contrib) gives every sentence's pieces as one flat
 tensor plus row offsets; plain ONNX ops cut each row to the model's source limit, append EOS
@@ -43,6 +44,7 @@ from src.runtime.generation import (
     SCORE_SWITCH,
     TEXT_FORMAT,
     TEXT_INPUT,
+    TEXT_INPUTS,
     TEXT_N_BEST_SCORES,
     TEXT_N_BEST_TEXTS,
     TEXT_OUTPUT,
@@ -53,6 +55,8 @@ from src.runtime.generation import (
 )
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"  # where onnxruntime-extensions registers its operators
+# the generation model's inputs a text client may still give (`TEXT_INPUTS`)
+OPTIONAL_SEARCH_INPUTS = ("num_beams", "length_penalty", "num_return_sequences")
 INT64_MAX = 2**63 - 1
 
 
@@ -200,15 +204,16 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
         source_model, int(meta["max_source_tokens"]), float(meta["max_length_ratio"]),
         int(meta["max_output_tokens"]))
     decode, decode_consts = _decode_nodes(target_model)
-    search = [  # the search inputs the text client no longer gives
+    # the search inputs a text client does not give; OPTIONAL_SEARCH_INPUTS stay inputs, these
+    # values (initializers of the same names) their defaults
+    search = [
         _const("num_beams", TensorProto.INT32, [int(meta["beam_size"])]),
         _const("length_penalty", TensorProto.FLOAT, [float(meta["length_penalty"])]),
         _const("min_length", TensorProto.INT32, [0]),
-        # an input with a default (an initializer of the same name): left out, one hypothesis
         _const("num_return_sequences", TensorProto.INT32, [1]),
         _const("repetition_penalty", TensorProto.FLOAT, [1.0]),
     ]
-    kept = [i for i in graph.input if i.name in (SCORE_SWITCH, "num_return_sequences")]
+    kept = [i for i in graph.input if i.name in (SCORE_SWITCH, *OPTIONAL_SEARCH_INPUTS)]
     del graph.input[:]
     graph.input.extend([helper.make_tensor_value_info(TEXT_INPUT, TensorProto.STRING,
                                                       ["batch_size"]), *kept])
@@ -232,6 +237,7 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
     model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     helper.set_model_props(model, {**meta, "format": TEXT_FORMAT,
                                    TEXT_OUTPUTS: ",".join(name for name, *_ in outputs),
+                                   TEXT_INPUTS: ",".join(OPTIONAL_SEARCH_INPUTS),
                                    TEXT_SOURCE_TOKENIZER: base64.b64encode(source_model).decode()})
     return model
 

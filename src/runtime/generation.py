@@ -44,6 +44,9 @@ TEXT_INPUT, TEXT_OUTPUT, TEXT_SCORE = "text", "translation", "score"
 # metadata `text_outputs` names the outputs a text model has.
 TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES = "translations", "scores"
 TEXT_OUTPUTS = "text_outputs"
+# Since then they also take the search's `num_beams` and `length_penalty` as optional inputs,
+# each defaulting to the value the file was written with; metadata `text_inputs` names them.
+TEXT_INPUTS = "text_inputs"
 # A text model's metadata also holds its source SentencePiece model (base64), so a Python
 # caller batches a file by source tokens exactly as the generation model's translator does.
 TEXT_SOURCE_TOKENIZER = "source_tokenizer_base64"
@@ -549,24 +552,25 @@ def check_n_best(n_best: int, beam: int) -> None:
 
 @dataclass
 class TextTranslator(LoadedModel):
-    """A text model (`TEXT_FORMAT`): strings in, strings out, the search settings fixed at
-    export (its metadata says which); no tokenizer files needed."""
+    """A text model (`TEXT_FORMAT`): strings in, strings out, the search settings of its
+    export by default (its metadata says which; files with `TEXT_INPUTS` take another beam);
+    no tokenizer files needed."""
 
-    def run(self, lines: list[str]) -> list[str]:
+    def run(self, lines: list[str], beam: int | None = None) -> list[str]:
         session = self.session_for(len(lines))
-        feeds = {TEXT_INPUT: np.array(lines, dtype=object), **score_switch(session, False)}
+        feeds = {TEXT_INPUT: np.array(lines, dtype=object), **score_switch(session, False),
+                 **self.search_feeds(beam)}
         return [str(t) for t in session.run([TEXT_OUTPUT], feeds)[0]]
 
-    def run_scored(self, lines: list[str], n_best: int = 1) -> list[tuple[Scored, ...]]:
+    def run_scored(self, lines: list[str], n_best: int = 1,
+                   beam: int | None = None) -> list[tuple[Scored, ...]]:
         """Each line's `n_best` translations with their scores (None from a file without
         scores), best first; their lengths are not known (the file returns text, not ids)."""
         session = self.session_for(len(lines), n_best)
         feeds = {TEXT_INPUT: np.array(lines, dtype=object),
-                 **score_switch(session, self.scored)}
-        names = [TEXT_OUTPUT, TEXT_SCORE]  # files written before n-best lists: one per line
-        if self.has_n_best:
-            feeds["num_return_sequences"] = np.array([n_best], np.int32)
-            names = [TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES]
+                 **score_switch(session, self.scored), **self.search_feeds(beam, n_best)}
+        names = ([TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES] if self.has_n_best
+                 else [TEXT_OUTPUT, TEXT_SCORE])  # files written before n-best lists
         outputs = session.run(names[:1 + self.scored], feeds)
         texts = np.asarray(outputs[0], dtype=object).reshape(len(lines), -1)
         scores = (np.asarray(outputs[1]).reshape(len(lines), -1) if self.scored
@@ -575,24 +579,42 @@ class TextTranslator(LoadedModel):
                       for t, s in zip(row_texts, row_scores))
                 for row_texts, row_scores in zip(texts, scores)]
 
+    def search_feeds(self, beam: int | None, n_best: int = 1) -> dict[str, np.ndarray]:
+        """The optional search inputs this file takes, for `beam` (None: the export's) and
+        `n_best`; none for a file written before them."""
+        feeds = {}
+        if beam is not None and "num_beams" in self.optional_inputs:
+            feeds["num_beams"] = np.array([beam], np.int32)
+        if self.has_n_best:
+            feeds["num_return_sequences"] = np.array([n_best], np.int32)
+        return feeds
+
+    @property
+    def optional_inputs(self) -> list[str]:
+        """The search inputs the file takes beside `text`, each with the export's value as its
+        default (metadata `TEXT_INPUTS`; none in files written before them)."""
+        return [name for name in self.meta.get(TEXT_INPUTS, "").split(",") if name]
+
     @property
     def has_n_best(self) -> bool:
         """Whether the file returns n-best lists (its metadata `text_outputs` names them)."""
         return TEXT_N_BEST_TEXTS in self.meta.get(TEXT_OUTPUTS, "").split(",")
 
     def check_search(self, beam: int | None, max_length: int | None) -> None:
-        """Refuse settings the file cannot honour (its search is fixed at export)."""
-        if beam not in (None, self.default_beam) or max_length:
+        """Refuse settings the file cannot honour: an output length (the file derives it from
+        the source), and in files written before `num_beams` was an input, another beam."""
+        other_beam = beam not in (None, self.default_beam)
+        if max_length or (other_beam and "num_beams" not in self.optional_inputs):
             raise PipelineError(f"a text model searches as exported (beam "
                                 f"{self.default_beam}, output length by ratio "
                                 f"{self.meta['max_length_ratio']}): use the generation model "
                                 f"(model.onnx) for --beam/--max-length, or write a text model "
                                 f"with other settings (python -m src.text_graph --help)")
 
-    def check_n_best(self, n_best: int) -> None:
-        """Refuse an n-best list longer than the file's beam, or one from a file written
-        before text models returned them."""
-        check_n_best(n_best, self.default_beam)
+    def check_n_best(self, n_best: int, beam: int | None = None) -> None:
+        """Refuse an n-best list longer than the beam (None: the file's), or one from a file
+        written before text models returned them."""
+        check_n_best(n_best, beam or self.default_beam)
         if n_best > 1 and not self.has_n_best:
             raise PipelineError("this text model returns one translation per line (written "
                                 "before n-best lists): use the generation model (model.onnx) "
@@ -627,7 +649,7 @@ class TextTranslator(LoadedModel):
         limit is cut inside the graph, silently."""
         self.check_search(beam, max_length)
         return translate_in_batches(lines, batch_size,
-                                    lambda idx: self.run([lines[i] for i in idx]),
+                                    lambda idx: self.run([lines[i] for i in idx], beam),
                                     self.source_lengths(lines))
 
     def translate_scored(self, lines: list[str], beam: int | None = None,
@@ -635,9 +657,10 @@ class TextTranslator(LoadedModel):
                          first_line_no: int = 1, n_best: int = 1) -> list[tuple[Scored, ...]]:
         """As `translate`, each line's `n_best` translations with their scores."""
         self.check_search(beam, max_length)
-        self.check_n_best(n_best)
+        self.check_n_best(n_best, beam)
         return translate_in_batches(lines, batch_size,
-                                    lambda idx: self.run_scored([lines[i] for i in idx], n_best),
+                                    lambda idx: self.run_scored([lines[i] for i in idx], n_best,
+                                                                beam),
                                     self.source_lengths(lines), blank=())
 
 
