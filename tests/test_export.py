@@ -320,6 +320,25 @@ def test_the_search_loop_returns_pytorchs_n_best_lists(project):
     assert compared > 200
 
 
+@pytest.mark.parametrize("beams, batch", [(3, 1), (3, 2), (1, 2)])  # operator, beam Loop, greedy
+def test_every_search_refuses_more_hypotheses_than_beams(project, beams, batch):
+    """A raw client asking for beams + 1 hypotheses gets an error from each search, where the
+    Loops would pad the extra places (and greedy return one); up to the beam works."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(project / "models/model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    src = np.array([[40, 41, 42, 3]] * batch, np.int32)
+    feeds = generation.search_feeds(src, 5, beams, 1.0, n_best=beams + 1)
+    # the operator's own message, or the node that refuses it for the Loops
+    refusal = "num_return_sequences" if batch == 1 else onnx_graph.RETURNS_CHECK
+    with pytest.raises(Exception, match=refusal):
+        session.run(["sequences"], feeds)
+    feeds = generation.search_feeds(src, 5, beams, 1.0, n_best=beams)
+    (sequences,) = session.run(["sequences"], feeds)
+    assert sequences.shape[:2] == (batch, beams)
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_one_long_and_31_short_sentences_translate_as_one_by_one(project, beam):
     """A batch whose rows finish at very different steps: the rows that end early are dropped

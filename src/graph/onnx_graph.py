@@ -24,8 +24,8 @@ The outer graph is what any ONNX Runtime client calls with one `session.run`:
     max_length           int32 (1,)    generated tokens + 1 (the BOS start token counts)
     min_length           int32 (1,)    same convention; 0 for none
     num_beams            int32 (1,)    1 = greedy (with early_stopping=1 this is exact greedy)
-    num_return_sequences int32 (1,)    hypotheses per sentence, 1..num_beams (an n-best list:
-                                       more than 1 runs ONNX Runtime's BeamSearch operator)
+    num_return_sequences int32 (1,)    hypotheses per sentence, 1..num_beams (an n-best list;
+                                       more fails the run, as the BeamSearch operator refuses)
     length_penalty       float (1,)    score = sum(log p) / length**length_penalty
     repetition_penalty   float (1,)    1.0 (kept for ORT's signature: the Loop applies none)
     -> sequences         int32 (B, num_return_sequences, T): BOS, tokens, then PAD (no EOS)
@@ -69,6 +69,9 @@ from src.runtime.generation import (
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
+# the node that fails a batch asked for more hypotheses than beams (ONNX Runtime's message
+# names it)
+RETURNS_CHECK = "num_return_sequences_above_num_beams"
 
 
 
@@ -367,6 +370,18 @@ def _optional_or(optional: str, default: str, out: str) -> list[onnx.NodeProto]:
                              else_branch=left_out)]
 
 
+def refuse_more_returns_than_beams(returns: str, beams: str, out: str) -> list[onnx.NodeProto]:
+    """out = `returns`, or a failed run where it exceeds `beams`, as the BeamSearch operator
+    refuses it (the Loops would pad the extra places). ONNX has no assert: a Reshape of the
+    one value to two places fails, and ONNX Runtime's message names this node."""
+    node = helper.make_node
+    return [node("Greater", [returns, beams], [f"{out}_too_many"]),
+            node("Cast", [f"{out}_too_many"], [f"{out}_excess"], to=TensorProto.INT64),
+            node("Add", [f"{out}_excess", "one_64"], [f"{out}_places"]),
+            node("Reshape", [returns, f"{out}_places"], [out],
+                 name=RETURNS_CHECK)]
+
+
 def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
                   decoder: onnx.GraphProto, weights: set[str]) -> list[onnx.NodeProto]:
     """ONNX Runtime's BeamSearch for one sentence, shrinking Loops for a batch: a greedy one
@@ -406,9 +421,11 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
               node("Or", ["by_operator", "many_beams"], ["skip_greedy_loop"])]
     loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
                    "min_length": "min_length", "num_beams": "num_beams",
-                   "num_return_sequences": "num_return_sequences",
+                   "num_return_sequences": "checked_returns",
                    "length_penalty": "length_penalty", "return_scores": "score_switch"}
     nodes += _optional_or(SCORE_SWITCH, "one_32", "score_switch")
+    nodes += refuse_more_returns_than_beams("num_return_sequences", "num_beams",
+                                            "checked_returns")
     n_layers = len(cross_names_of(decoder)) // 2
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
                                       ("greedy_sequences", "greedy_scores"),
