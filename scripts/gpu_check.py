@@ -21,6 +21,8 @@ Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
 every ONNX row and checks PyTorch's own search on CUDA instead (rows `search`: greedy and beam,
 token-for-token against the same search on the CPU, BLEU and sentences/s on the test split),
 then the train rows. It needs models/model.pt, models/tokenizer and data/tokenized.
+`--onnx-only` is for a machine with onnxruntime-gpu but no CTranslate2 built for CUDA: the
+placement, parity and BLEU rows alone (no engine benchmark, no train rows).
 
 Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
 (fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
@@ -257,7 +259,12 @@ def main() -> int:
     parser.add_argument("--pytorch-only", action="store_true",
                         help="no ONNX rows (a machine without onnxruntime-gpu): PyTorch's search "
                              "on CUDA against the CPU, then the train rows")
+    parser.add_argument("--onnx-only", action="store_true",
+                        help="the placement, parity and BLEU rows alone: no engine benchmark "
+                             "(it needs CTranslate2 built for CUDA) and no train rows")
     args = parser.parse_args()
+    if args.onnx_only and args.pytorch_only:
+        parser.error("--onnx-only and --pytorch-only leave nothing to check together: pick one")
     if not args.rehearse_on_cpu:
         why = no_gpu_reason(args.pytorch_only)
         if why:
@@ -285,9 +292,10 @@ def main() -> int:
             rows = placement_rows(models, provider)
             rows += parity_rows(models, data, provider, cfg, args.sentences)
             rows += bleu_rows(models, data, provider, cfg)
-        if not args.rehearse_on_cpu and not args.pytorch_only:
+        if not (args.rehearse_on_cpu or args.pytorch_only or args.onnx_only):
             rows += speed_rows(models, data, work)
-        rows += train_rows(root, args.train_steps, work)
+        if not args.onnx_only:
+            rows += train_rows(root, args.train_steps, work)
         shutil.rmtree(work / "project", ignore_errors=True)
     import platform
 

@@ -25,6 +25,15 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
     assert not (tmp_path / "o.json").exists()
 
 
+def test_onnx_only_and_pytorch_only_are_refused_together(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--onnx-only", "--pytorch-only",
+                             "--output", str(tmp_path / "o.json")],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2
+    assert "--onnx-only and --pytorch-only" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "o.json").exists()
+
+
 @pytest.mark.slow
 def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     root = tokenize_toy(tmp_path / "p", **TINY_PARAMS)
@@ -59,6 +68,16 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     assert trained[1]["precision"] == "fp32" and all(r["steps"] == 4 for r in trained)
     assert report["machine"]["provider"] == "cpu"
     assert "every parity check passed" in result.stdout
+
+    # --onnx-only: the same ONNX rows, and no train rows
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--onnx-only", "--root", str(root),
+         "--sentences", "20", "--output", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    onnx_rows = json.loads(out.read_text())["rows"]
+    assert [r["check"] for r in onnx_rows] == [r["check"] for r in rows if r["check"] != "train"]
+    assert {r["file"]: r["bleu"] for r in onnx_rows if r["check"] == "bleu"} == bleu
 
     # --pytorch-only, as on a machine whose Python has a CUDA torch and neither onnxruntime nor
     # mlflow: neither is imported, and PyTorch's beam search scores what the ONNX file scored
