@@ -916,8 +916,9 @@ def test_both_translators_batch_a_file_alike_by_source_tokens(project, monkeypat
 
 def test_text_model_refuses_search_settings_it_does_not_have(project):
     text = project / "models/model.text.onnx"
-    assert_one_line_error(infer(project, "Hello.", "--max-length", "5", model=text),
-                          "a text model searches as exported")
+    refused = infer(project, "Hello.", "--max-length", "5", model=text)
+    assert_one_line_error(refused, "a text model searches as exported (output length by ratio")
+    assert "for --max-length," in refused.stderr and "--beam" not in refused.stderr  # it takes one
     assert_one_line_error(infer(project, "Hello.", "--tokenizer",
                                 str(project / "models/tokenizer"), model=text),
                           "drop --tokenizer")

@@ -603,13 +603,15 @@ class TextTranslator(LoadedModel):
     def check_search(self, beam: int | None, max_length: int | None) -> None:
         """Refuse settings the file cannot honour: an output length (the file derives it from
         the source), and in files written before `num_beams` was an input, another beam."""
-        other_beam = beam not in (None, self.default_beam)
-        if max_length or (other_beam and "num_beams" not in self.optional_inputs):
-            raise PipelineError(f"a text model searches as exported (beam "
-                                f"{self.default_beam}, output length by ratio "
-                                f"{self.meta['max_length_ratio']}): use the generation model "
-                                f"(model.onnx) for --beam/--max-length, or write a text model "
-                                f"with other settings (python -m src.text_graph --help)")
+        fixed_beam = "num_beams" not in self.optional_inputs
+        if max_length or (fixed_beam and beam not in (None, self.default_beam)):
+            fixed = ((f"beam {self.default_beam}, ", "--beam/--max-length") if fixed_beam
+                     else ("", "--max-length"))  # files with the input take another beam
+            raise PipelineError(f"a text model searches as exported ({fixed[0]}output length "
+                                f"by ratio {self.meta['max_length_ratio']}): use the "
+                                f"generation model (model.onnx) for {fixed[1]}, or write a "
+                                f"text model with other settings (python -m src.text_graph "
+                                f"--help)")
 
     def check_n_best(self, n_best: int, beam: int | None = None) -> None:
         """Refuse an n-best list longer than the beam (None: the file's), or one from a file
