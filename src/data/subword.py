@@ -52,14 +52,10 @@ def join_cjk(text: str) -> str:
 def decode_ids(processor, rows, eos: int = EOS) -> list[str]:
     """Id rows to text, as every decoder does it: special ids (<= EOS) vanish, then stray
     byte pieces (`drop_broken_bytes`), then spaces between CJK characters (`join_cjk`)."""
-    ids = [[int(i) for i in row if i > eos] for row in rows]
-    if not ids:  # SentencePiece decodes an empty batch to one "" instead of no strings
-        return []
-    # One thread: SentencePiece's batch decode otherwise starts a thread per core on every
-    # call, which costs more than decoding a short batch (docs/engines.md); a lone row skips
-    # the batch call's own setup as well.
-    texts = [processor.decode(ids[0])] if len(ids) == 1 else processor.decode(ids, num_threads=1)
-    return [join_cjk(drop_broken_bytes(text)) for text in texts]
+    # Row by row: for two rows or more, SentencePiece's batch decode starts a thread on every
+    # call, even when told one thread, which costs more than decoding the rows (docs/engines.md).
+    return [join_cjk(drop_broken_bytes(processor.decode([int(i) for i in row if i > eos])))
+            for row in rows]
 
 
 def tokenizer_digest(tokenizer_dir: Path) -> str:
