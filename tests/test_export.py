@@ -38,7 +38,18 @@ EXPORT = {"parity_sentences": 60, "batch_size": 16, "beam_size": 3, "quantize": 
 
 def train_tiny(sp, pairs: list[tuple[str, str]], steps: int = 150) -> Transformer:
     """d_model 32, 2 encoder layers and 1 decoder layer (unequal, so no exporter may assume the
-    stacks match), trained just enough to emit EOS and real words."""
+    stacks match), trained just enough to emit EOS and real words. On one thread whatever the
+    caller set: sums split over threads round differently, and another model could miss the
+    export's int8 gate (test_serving.py run alone trained on two and did)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_tiny(sp, pairs, steps)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train_tiny(sp, pairs: list[tuple[str, str]], steps: int) -> Transformer:
     torch.manual_seed(0)
     vocab = sp.get_piece_size()
     model = Transformer(ModelConfig(vocab, vocab, d_model=32, n_heads=4, n_layers=2, ffn_dim=64,

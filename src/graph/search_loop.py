@@ -326,7 +326,7 @@ def _queries_per_sentence(n: Nodes, nodes: list[onnx.NodeProto], cross: set[str]
     return rewritten
 
 
-def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
+def _greedy_body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[str],
                  outer: dict[str, str]) -> onnx.GraphProto:
     """One greedy step for the sentences still open (one row each): beam search's one-beam
     case without its candidate lists and beam bookkeeping; `scores` carries each row's sum of
@@ -344,14 +344,9 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     zero, one = n.const(INT64, [0], []), n.const(INT64, [1], [])
     axis_1, eos = n.const(INT64, [1]), n.const(INT64, [EOS], [])
 
-    # The best two tokens of each row (the logits rank them as the log-probabilities do).
     logits = n.op("Squeeze", produced["logits"], axis_1)                      # (N, V)
-    best_two = n.ops("TopK", [logits, n.const(INT64, [2])], 2, axis=1)[1]      # (N, 2)
-    first, second = n.op("Gather", best_two, zero, axis=1), n.op("Gather", best_two, one, axis=1)
     length = n.op("Add", it, one)  # generated tokens including this one
-    banned = n.op("And", n.op("Less", length, outer["min_length"]),
-                  n.op("Equal", first, eos))
-    token = n.op("Where", banned, second, first)                              # (N,)
+    token = best_token(n, logits, vocab, n.op("Less", length, outer["min_length"]))  # (N,)
     scores = n.op("Add", names["scores"], _token_logp(n, logits, token, outer["score_rows"]))
     is_eos = n.op("Equal", token, eos)
     some_done = n.op("Greater", n.op("ReduceMax", n.op("Cast", is_eos, to=INT64),
@@ -395,6 +390,54 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, keep: set[str],
     }
     go_on = n.op("Greater", n.op("Size", outputs["sents"]), zero)
     return step.graph(n.nodes, "greedy_step", go_on, outputs)
+
+
+def block_width(vocab: int) -> int | None:
+    """The block `best_token` splits a row of `vocab` logits into: the divisor of `vocab`
+    nearest 128 within [8, 512], two blocks or more (None: there is none, a plain TopK is
+    used)."""
+    divisors = [b for b in range(8, min(512, vocab // 2) + 1) if vocab % b == 0]
+    return min(divisors, key=lambda b: (abs(b - 128), b)) if divisors else None
+
+
+def best_token(n: Nodes, logits: str, vocab: int, eos_banned: str) -> str:
+    """Each row's best token (N,) of `logits` (N, V), the first among equals; where the bool
+    scalar `eos_banned` holds, the best but EOS.
+
+    ONNX Runtime's TopK and ArgMax read a row one element at a time, its ReduceMax in vector
+    registers, several times faster on a batch's rows (docs/engines.md). So each row is cut
+    into blocks of `block_width` logits: the block maxima by ReduceMax, the best block by ArgMax
+    over those (V / width of them), the best token by ArgMax within that block. The block that
+    holds EOS is also taken on its own, with EOS at -inf where banned, for its maximum and its
+    search."""
+    width = block_width(vocab)
+    if width is None:
+        best_two = n.ops("TopK", [logits, n.const(INT64, [2])], 2, axis=1)[1]     # (N, 2)
+        first = n.op("Gather", best_two, n.const(INT64, [0], []), axis=1)
+        second = n.op("Gather", best_two, n.const(INT64, [1], []), axis=1)
+        eos_first = n.op("Equal", first, n.const(INT64, [EOS], []))
+        return n.op("Where", n.op("And", eos_banned, eos_first), second, first)
+    zero_1, axis_1 = n.const(INT64, [0]), n.const(INT64, [1])
+    blocks, block_of_eos = vocab // width, EOS // width
+    by_block = n.op("Reshape", logits, n.const(INT64, [0, blocks, width]))     # (N, V/w, w)
+    maxima = n.op("ReduceMax", by_block, n.const(INT64, [2]), keepdims=0)       # (N, V/w)
+    eos_at = [-float("inf") if i == EOS % width else 0.0 for i in range(width)]
+    ban = n.op("Where", eos_banned, n.const(FLOAT, eos_at), n.const(FLOAT, [0.0] * width))
+    eos_block = n.op("Add", n.op("Slice", logits, n.const(INT64, [block_of_eos * width]),
+                                 n.const(INT64, [block_of_eos * width + width]), axis_1),
+                     ban)                                                       # (N, w)
+    maxima = n.op("Concat", n.op("Slice", maxima, zero_1, n.const(INT64, [block_of_eos]), axis_1),
+                  n.op("ReduceMax", eos_block, axis_1, keepdims=1),
+                  n.op("Slice", maxima, n.const(INT64, [block_of_eos + 1]),
+                       n.const(INT64, [blocks]), axis_1), axis=1)
+    best_block = n.op("ArgMax", maxima, axis=1, keepdims=1)                     # (N, 1)
+    picked = n.op("GatherElements", by_block, n.op("Expand", n.op(
+        "Unsqueeze", best_block, n.const(INT64, [2])), n.const(INT64, [1, 1, width])), axis=1)
+    in_block = n.op("Where", n.op("Equal", best_block, n.const(INT64, [block_of_eos], [])),
+                    eos_block, n.op("Squeeze", picked, axis_1))                 # (N, w)
+    token = n.op("Add", n.op("Mul", best_block, n.const(INT64, [width], [])),
+                 n.op("ArgMax", in_block, axis=1, keepdims=1))                  # (N, 1)
+    return n.op("Squeeze", token, axis_1)
 
 
 def _token_logp(n: Nodes, logits: str, token: str, score_rows: str) -> str:
@@ -570,7 +613,7 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     small = ["sents", "tokens", "scores", "history"] \
         + ([] if greedy else ["best", "count"]) + ["out", "out_scores"]
     vocab = next(o for o in decoder.output if o.name == "logits").type.tensor_type.shape.dim[2]
-    body = (_greedy_body(decoder, n_layers, keep, outer) if greedy
+    body = (_greedy_body(decoder, n_layers, vocab.dim_value, keep, outer) if greedy
             else _body(decoder, n_layers, vocab.dim_value, keep, outer))
     ends = [f"{pre}end_{c}" for c in (*small, *selfs, *crosses, "mask")]
     loop = helper.make_node(
