@@ -182,23 +182,81 @@ def _candidates(n: Nodes, step: Step, outer: dict[str, str], vocab: int, n_open:
     logp = n.op("LogSoftmax", step.produced["logits"], axis=-1)               # (NK, 1, V)
     length = n.op("Add", step.iteration, one)
     banned = n.op("Less", length, outer["min_length"])
-    eos_ban = n.const(FLOAT, [float("-inf") if i == EOS else 0.0 for i in range(vocab)])
-    no_ban = n.const(FLOAT, [0.0] * vocab)
-    logp = n.op("Add", logp, n.op("Where", banned, eos_ban, no_ban))
     rows_now = n.op("Div", n.op("Shape", step.names["tokens"], start=0, end=1), n_open)  # (1,)
-    minus_one = n.const(INT64, [-1])
-    beams = n.op("Reshape", logp, n.op("Concat", n_open, minus_one, n.const(INT64, [vocab]),
-                                        axis=0))                              # (N, 1 or K, V)
-    scores = n.op("Unsqueeze", step.names["scores"], n.const(INT64, [2]))     # (N, 1 or K, 1)
-    candidates = n.op("Reshape", n.op("Add", beams, scores),
-                      n.op("Concat", n_open, minus_one, axis=0))              # (N, KV)
-    top_scores, top_ids = n.ops("TopK", [candidates, outer["two_beams"]], 2, axis=1)
+    top_scores, top_ids = top_candidates(n, logp, step.names["scores"], n_open, vocab,
+                                         outer["two_beams"], banned)
     vocab_c = n.const(INT64, [vocab], [])
     source_beam = n.op("Div", top_ids, vocab_c)                               # (N, 2K)
     token = n.op("Mod", top_ids, vocab_c)
     is_eos = n.op("Equal", token, n.const(INT64, [EOS], []))
     return {"scores": top_scores, "source_beam": source_beam, "token": token, "is_eos": is_eos,
             "length": length, "rows_now": rows_now}
+
+
+def top_candidates(n: Nodes, logp: str, scores: str, n_open: str, vocab: int, two_beams: str,
+                   banned: str) -> tuple[str, str]:
+    """The 2K best continuations of each sentence: `logp` (N*Kn, 1, V) of its Kn beams (1 or
+    K) plus their `scores` (N, Kn), EOS at -inf where the bool scalar `banned` holds. Returns
+    their scores and their indices into the sentence's Kn*V candidates (N, 2K), as one TopK
+    over all candidates returns them (best first, the lower index first among equals).
+
+    Where the vocabulary splits into blocks (`block_width`), neither the (N, Kn*V) candidate
+    scores nor a TopK over them are made: ONNX Runtime reads a TopK's row one element at a
+    time and a ReduceMax's in vector registers (docs/engines.md). The 2K best candidates lie in
+    the 2K blocks with the best maxima (a block left out has 2K better maxima before it, each
+    a better candidate), and a beam's score shifts its blocks' maxima as it shifts their
+    candidates. So: each block's maximum of log p, plus its beam's score; TopK of those;
+    the 2K chosen blocks in their order in the row, gathered, their beams' scores added; TopK
+    of those 2K * width candidates."""
+    width = block_width(vocab)
+    minus_one = n.const(INT64, [-1])
+    if width is None:
+        eos_ban = n.const(FLOAT, [float("-inf") if i == EOS else 0.0 for i in range(vocab)])
+        logp = n.op("Add", logp, n.op("Where", banned, eos_ban, n.const(FLOAT, [0.0] * vocab)))
+        beams = n.op("Reshape", logp, n.op("Concat", n_open, minus_one,
+                                            n.const(INT64, [vocab]), axis=0))  # (N, Kn, V)
+        candidates = n.op("Reshape", n.op("Add", beams, n.op(
+            "Unsqueeze", scores, n.const(INT64, [2]))), n.op("Concat", n_open, minus_one, axis=0))
+        top_scores, top_ids = n.ops("TopK", [candidates, two_beams], 2, axis=1)  # (N, 2K)
+        return top_scores, top_ids
+    blocks, block_of_eos = vocab // width, EOS // width
+    axis_1, axis_2 = n.const(INT64, [1]), n.const(INT64, [2])
+    ban = n.op("Where", banned,
+               n.const(FLOAT, [float("-inf") if i == EOS % width else 0.0 for i in range(width)]),
+               n.const(FLOAT, [0.0] * width))                                 # (w,)
+    rows = n.op("Reshape", logp, n.const(INT64, [-1, vocab]))                 # (N*Kn, V)
+    maxima = n.op("ReduceMax", n.op("Reshape", logp, n.const(INT64, [-1, blocks, width])),
+                  axis_2, keepdims=0)                                         # (N*Kn, V/w)
+    eos_block = n.op("Add", n.op("Slice", rows, n.const(INT64, [block_of_eos * width]),
+                                 n.const(INT64, [block_of_eos * width + width]), axis_1), ban)
+    maxima = n.op("Concat", n.op("Slice", maxima, n.const(INT64, [0]),
+                                 n.const(INT64, [block_of_eos]), axis_1),
+                  n.op("ReduceMax", eos_block, axis_1, keepdims=1),
+                  n.op("Slice", maxima, n.const(INT64, [block_of_eos + 1]),
+                       n.const(INT64, [blocks]), axis_1), axis=1)
+    per_sentence = n.op("Concat", n_open, minus_one, axis=0)                  # [N, -1]
+    block_scores = n.op("Reshape", n.op("Add", n.op(
+        "Reshape", maxima, n.op("Concat", n_open, minus_one, n.const(INT64, [blocks]), axis=0)),
+        n.op("Unsqueeze", scores, axis_2)), per_sentence)                     # (N, Kn*V/w)
+    chosen = n.op("Min", two_beams, n.op("Shape", block_scores, start=1))    # (1,)
+    best_blocks = n.ops("TopK", [block_scores, chosen], 2, axis=1)[1]
+    in_order = n.ops("TopK", [best_blocks, chosen], 2, axis=1, largest=0)[0]  # (N, c) ascending
+    picked = n.op("GatherElements", n.op("Reshape", logp, n.op(
+        "Concat", n_open, minus_one, n.const(INT64, [width]), axis=0)), n.op(
+        "Expand", n.op("Unsqueeze", in_order, axis_2), n.const(INT64, [1, 1, width])),
+        axis=1)                                                               # (N, c, w)
+    is_eos_block = n.op("Equal", n.op("Mod", in_order, n.const(INT64, [blocks], [])),
+                        n.const(INT64, [block_of_eos], []))
+    picked = n.op("Add", picked, n.op("Where", n.op("Unsqueeze", is_eos_block, axis_2), ban,
+                                      n.const(FLOAT, [0.0] * width)))
+    beam_scores = n.op("GatherElements", scores, n.op(
+        "Div", in_order, n.const(INT64, [blocks], [])), axis=1)              # (N, c)
+    candidates = n.op("Reshape", n.op("Add", picked, n.op("Unsqueeze", beam_scores, axis_2)),
+                      per_sentence)                                           # (N, c*w)
+    top_scores, local = n.ops("TopK", [candidates, two_beams], 2, axis=1)     # (N, 2K)
+    width_c = n.const(INT64, [width], [])
+    block = n.op("GatherElements", in_order, n.op("Div", local, width_c), axis=1)
+    return top_scores, n.op("Add", n.op("Mul", block, width_c), n.op("Mod", local, width_c))
 
 
 def _finish_hypotheses(n: Nodes, step: Step, outer: dict[str, str], top: dict[str, str],
