@@ -220,20 +220,9 @@ def top_candidates(n: Nodes, logp: str, scores: str, n_open: str, vocab: int, tw
         top_scores, top_ids = n.ops("TopK", [candidates, two_beams], 2, axis=1)  # (N, 2K)
         return top_scores, top_ids
     blocks, block_of_eos = vocab // width, EOS // width
-    axis_1, axis_2 = n.const(INT64, [1]), n.const(INT64, [2])
-    ban = n.op("Where", banned,
-               n.const(FLOAT, [float("-inf") if i == EOS % width else 0.0 for i in range(width)]),
-               n.const(FLOAT, [0.0] * width))                                 # (w,)
+    axis_2 = n.const(INT64, [2])
     rows = n.op("Reshape", logp, n.const(INT64, [-1, vocab]))                 # (N*Kn, V)
-    maxima = n.op("ReduceMax", n.op("Reshape", logp, n.const(INT64, [-1, blocks, width])),
-                  axis_2, keepdims=0)                                         # (N*Kn, V/w)
-    eos_block = n.op("Add", n.op("Slice", rows, n.const(INT64, [block_of_eos * width]),
-                                 n.const(INT64, [block_of_eos * width + width]), axis_1), ban)
-    maxima = n.op("Concat", n.op("Slice", maxima, n.const(INT64, [0]),
-                                 n.const(INT64, [block_of_eos]), axis_1),
-                  n.op("ReduceMax", eos_block, axis_1, keepdims=1),
-                  n.op("Slice", maxima, n.const(INT64, [block_of_eos + 1]),
-                       n.const(INT64, [blocks]), axis_1), axis=1)
+    maxima, _, ban, _ = _block_maxima(n, rows, vocab, width, banned)          # (N*Kn, V/w)
     per_sentence = n.op("Concat", n_open, minus_one, axis=0)                  # [N, -1]
     block_scores = n.op("Reshape", n.op("Add", n.op(
         "Reshape", maxima, n.op("Concat", n_open, minus_one, n.const(INT64, [blocks]), axis=0)),
@@ -475,19 +464,8 @@ def best_token(n: Nodes, logits: str, vocab: int, eos_banned: str) -> str:
         second = n.op("Gather", best_two, n.const(INT64, [1], []), axis=1)
         eos_first = n.op("Equal", first, n.const(INT64, [EOS], []))
         return n.op("Where", n.op("And", eos_banned, eos_first), second, first)
-    zero_1, axis_1 = n.const(INT64, [0]), n.const(INT64, [1])
-    blocks, block_of_eos = vocab // width, EOS // width
-    by_block = n.op("Reshape", logits, n.const(INT64, [0, blocks, width]))     # (N, V/w, w)
-    maxima = n.op("ReduceMax", by_block, n.const(INT64, [2]), keepdims=0)       # (N, V/w)
-    eos_at = [-float("inf") if i == EOS % width else 0.0 for i in range(width)]
-    ban = n.op("Where", eos_banned, n.const(FLOAT, eos_at), n.const(FLOAT, [0.0] * width))
-    eos_block = n.op("Add", n.op("Slice", logits, n.const(INT64, [block_of_eos * width]),
-                                 n.const(INT64, [block_of_eos * width + width]), axis_1),
-                     ban)                                                       # (N, w)
-    maxima = n.op("Concat", n.op("Slice", maxima, zero_1, n.const(INT64, [block_of_eos]), axis_1),
-                  n.op("ReduceMax", eos_block, axis_1, keepdims=1),
-                  n.op("Slice", maxima, n.const(INT64, [block_of_eos + 1]),
-                       n.const(INT64, [blocks]), axis_1), axis=1)
+    axis_1, block_of_eos = n.const(INT64, [1]), EOS // width
+    maxima, eos_block, _, by_block = _block_maxima(n, logits, vocab, width, eos_banned)
     best_block = n.op("ArgMax", maxima, axis=1, keepdims=1)                     # (N, 1)
     picked = n.op("GatherElements", by_block, n.op("Expand", n.op(
         "Unsqueeze", best_block, n.const(INT64, [2])), n.const(INT64, [1, 1, width])), axis=1)
@@ -496,6 +474,28 @@ def best_token(n: Nodes, logits: str, vocab: int, eos_banned: str) -> str:
     token = n.op("Add", n.op("Mul", best_block, n.const(INT64, [width], [])),
                  n.op("ArgMax", in_block, axis=1, keepdims=1))                  # (N, 1)
     return n.op("Squeeze", token, axis_1)
+
+
+def _block_maxima(n: Nodes, rows: str, vocab: int, width: int, banned: str
+                  ) -> tuple[str, str, str, str]:
+    """The maximum of each block of `width` in each row of `rows` (R, V), EOS at -inf where the
+    bool scalar `banned` holds: (R, V/w); with the block that holds EOS, so banned, (R, w),
+    the ban added to it (w,): -inf at EOS or all 0, and `rows` as blocks (R, V/w, w)."""
+    blocks, block_of_eos = vocab // width, EOS // width
+    axis_1 = n.const(INT64, [1])
+    ban = n.op("Where", banned,
+               n.const(FLOAT, [float("-inf") if i == EOS % width else 0.0 for i in range(width)]),
+               n.const(FLOAT, [0.0] * width))
+    by_block = n.op("Reshape", rows, n.const(INT64, [-1, blocks, width]))
+    maxima = n.op("ReduceMax", by_block, n.const(INT64, [2]), keepdims=0)
+    eos_block = n.op("Add", n.op("Slice", rows, n.const(INT64, [block_of_eos * width]),
+                                 n.const(INT64, [block_of_eos * width + width]), axis_1), ban)
+    maxima = n.op("Concat", n.op("Slice", maxima, n.const(INT64, [0]),
+                                 n.const(INT64, [block_of_eos]), axis_1),
+                  n.op("ReduceMax", eos_block, axis_1, keepdims=1),
+                  n.op("Slice", maxima, n.const(INT64, [block_of_eos + 1]),
+                       n.const(INT64, [blocks]), axis_1), axis=1)
+    return maxima, eos_block, ban, by_block
 
 
 def _token_logp(n: Nodes, logits: str, token: str, score_rows: str) -> str:
