@@ -211,8 +211,7 @@ def top_candidates(n: Nodes, logp: str, scores: str, n_open: str, vocab: int, tw
     width = block_width(vocab)
     minus_one = n.const(INT64, [-1])
     if width is None:
-        eos_ban = n.const(FLOAT, [float("-inf") if i == EOS else 0.0 for i in range(vocab)])
-        logp = n.op("Add", logp, n.op("Where", banned, eos_ban, n.const(FLOAT, [0.0] * vocab)))
+        logp = n.op("Add", logp, _eos_ban(n, banned, vocab))
         beams = n.op("Reshape", logp, n.op("Concat", n_open, minus_one,
                                             n.const(INT64, [vocab]), axis=0))  # (N, Kn, V)
         candidates = n.op("Reshape", n.op("Add", beams, n.op(
@@ -483,9 +482,7 @@ def _block_maxima(n: Nodes, rows: str, vocab: int, width: int, banned: str
     the ban added to it (w,): -inf at EOS or all 0, and `rows` as blocks (R, V/w, w)."""
     blocks, block_of_eos = vocab // width, EOS // width
     axis_1 = n.const(INT64, [1])
-    ban = n.op("Where", banned,
-               n.const(FLOAT, [float("-inf") if i == EOS % width else 0.0 for i in range(width)]),
-               n.const(FLOAT, [0.0] * width))
+    ban = _eos_ban(n, banned, width)
     by_block = n.op("Reshape", rows, n.const(INT64, [-1, blocks, width]))
     maxima = n.op("ReduceMax", by_block, n.const(INT64, [2]), keepdims=0)
     eos_block = n.op("Add", n.op("Slice", rows, n.const(INT64, [block_of_eos * width]),
@@ -496,6 +493,14 @@ def _block_maxima(n: Nodes, rows: str, vocab: int, width: int, banned: str
                   n.op("Slice", maxima, n.const(INT64, [block_of_eos + 1]),
                        n.const(INT64, [blocks]), axis_1), axis=1)
     return maxima, eos_block, ban, by_block
+
+
+def _eos_ban(n: Nodes, banned: str, width: int) -> str:
+    """What to add to a block of `width` logits that holds EOS (a whole row where `width` is
+    the vocabulary): -inf at EOS where the bool scalar `banned` holds, else 0 (w,)."""
+    return n.op("Where", banned,
+                n.const(FLOAT, [float("-inf") if i == EOS % width else 0.0 for i in range(width)]),
+                n.const(FLOAT, [0.0] * width))
 
 
 def _token_logp(n: Nodes, logits: str, token: str, score_rows: str) -> str:
