@@ -2,6 +2,7 @@
 
     python scripts/profile_file.py models/model.int8.onnx --beam 1 --batch 32 --threads 1
     python scripts/profile_file.py models/model.onnx --beam 4 --by node --top 40
+    python scripts/profile_file.py models/model.int8.onnx --beam 1 --scores --by node
 
 Translates the first `--sentences` test sentences as `src.infer --input` does (batches by
 source tokens), after one warm-up batch, with `SessionOptions.enable_profiling` on, then sums
@@ -39,6 +40,7 @@ def main(
     split_dir: Path = typer.Option(paths.TOKENIZED, help="The stored splits (test)."),
     by: str = typer.Option("op", help="op: sum by operator type; node: by node name."),
     top: int = typer.Option(20, min=1, help="Rows to print."),
+    scores: bool = typer.Option(False, help="Translate returning scores (translate_scored)."),
 ) -> None:
     """Print the profile's top operators (or nodes) by kernel time, with their call counts."""
     import onnxruntime as ort
@@ -65,9 +67,10 @@ def main(
         translator.open_batch = lambda: profiled
     else:
         translator.session = profiled
-    translator.translate(lines[:batch], beam, batch_size=batch)  # warm-up, in the profile too
+    translate = translator.translate_scored if scores else translator.translate
+    translate(lines[:batch], beam, batch_size=batch)  # warm-up, in the profile too
     start = time.perf_counter()
-    translator.translate(lines, beam, batch_size=batch)
+    translate(lines, beam, batch_size=batch)
     wall = time.perf_counter() - start
     trace = Path(profiled.end_profiling())
     events = json.loads(trace.read_text())
@@ -85,7 +88,7 @@ def main(
     leaves = sum(t for key, t in kernel.items() if key.split()[0] not in CONTROL)
     print(f"{model.name}, beam {beam}, batch {batch}, {threads} thread(s), {len(lines)} "
           f"sentences + a warm-up batch: session.run {run / 1e6:.3f} s, leaf kernels "
-          f"{leaves / 1e6:.3f} s")
+          f"{leaves / 1e6:.3f} s{', scores returned' if scores else ''}")
     batches = -(-len(lines) // batch)
     timed_run = sum(runs[-batches:]) / 1e6  # the timed pass's session.run calls
     outside_ms = 1e3 * (wall - timed_run) / len(lines)

@@ -1156,6 +1156,16 @@ def test_profile_script_shares_the_run_out_by_operator(project):
                 for line in profile("--sentences", "3", "--batch", "1", "--beam", "2")
                 if line.split()[:1] == ["control"]]
     assert "BeamSearch" in controls and "Loop" not in controls and "If" not in controls
+    # --scores profiles the scored translation (greedy's LogSoftmax then has rows to run on)
+    def operators(*options: str) -> tuple[set[str], str]:
+        lines = profile("--sentences", "8", "--batch", "4", "--beam", "1", "--top", "80",
+                        *options)
+        return {line.split()[0] for line in lines[2:]}, lines[0]
+
+    plain, plain_head = operators()
+    scored, scored_head = operators("--scores")
+    assert "LogSoftmax" in scored and "DynamicQuantizeMatMul" in plain
+    assert scored_head.endswith("scores returned") and "scores" not in plain_head
 
 
 # -- scores and n-best lists (issue 57) ----------------------------------------------------------
