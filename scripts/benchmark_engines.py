@@ -17,7 +17,10 @@ exported by other code, e.g. before a change), alternating with the others. `--f
 makes every output of both engines exactly L tokens (end of sentence banned until then, as a
 peer benchmark's forced length does), so both do the same decoding work whatever each one's
 model would have said: the check that the two translate alike is then skipped, and each pass
-checks the lengths instead.
+checks the lengths instead. `--score-cost R` asks what returning scores costs each engine: in
+each engine's process, passes without and with scores alternate R times per cell (the order
+swapped every round), and each cell reports the median of the rounds' speed ratios (scored /
+plain), so the host's drift between processes does not enter the ratio.
 
 Not a test: timings need an otherwise idle machine. Each engine is timed in a process of its
 own that imports neither torch nor the other engine (`--worker`; with torch in the process,
@@ -33,6 +36,7 @@ import argparse
 import importlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -180,15 +184,41 @@ def worker(spec: dict) -> dict:
     engine = engine_class(spec["engine"])(spec)
     lines = spec["lines"]
     lengths = {int(i): n for i, n in spec["lengths"].items()}
-    seconds, outputs = {}, {}
+    seconds, outputs, score_cost = {}, {}, {}
     for beam, size in spec["cells"]:
+        if spec.get("score_cost"):
+            score_cost[f"{beam},{size}"] = paired_score_cost(engine, lines, size, beam, lengths,
+                                                             spec["score_cost"])
+            continue
         engine.run(lines[:size], beam)  # warm-up
         out, seconds[f"{beam},{size}"] = translate_all(engine, lines, size, beam, lengths)
         if spec.get("keep_outputs"):
             outputs[f"{beam},{size}"] = out
     refuse_foreign_modules(spec["engine"])  # nothing the engine did pulled one in
     watched = sorted({m for names in FOREIGN.values() for m in names} & set(sys.modules))
-    return {"pid": os.getpid(), "modules": watched, "seconds": seconds, "outputs": outputs}
+    return {"pid": os.getpid(), "modules": watched, "seconds": seconds, "outputs": outputs,
+            "score_cost": score_cost}
+
+
+def paired_score_cost(engine, lines: list[str], size: int, beam: int, lengths: dict[int, int],
+                      rounds: int) -> dict:
+    """`rounds` pairs of passes of one engine, without and with scores (`engine.scores`), the
+    order swapped each round: each mode's fastest pass (seconds) and each round's speed ratio,
+    scored / plain."""
+    best = {"plain": float("inf"), "scored": float("inf")}
+    ratios = []
+    for mode in best:  # warm-up, both modes
+        engine.scores = mode == "scored"
+        engine.run(lines[:size], beam)
+    for r in range(rounds):
+        taken = {}
+        for mode in (("plain", "scored") if r % 2 == 0 else ("scored", "plain")):
+            engine.scores = mode == "scored"
+            taken[mode] = translate_all(engine, lines, size, beam, lengths)[1]
+            best[mode] = min(best[mode], taken[mode])
+        ratios.append(taken["plain"] / taken["scored"])
+    engine.scores = False
+    return {**best, "ratios": ratios}
 
 
 def run_worker(spec: dict, work: Path) -> dict:
@@ -238,6 +268,9 @@ def main() -> None:
                              "engine, ours_baseline")
     parser.add_argument("--force-length", type=int, metavar="L",
                         help="every output of both engines exactly L tokens (no early end)")
+    parser.add_argument("--score-cost", type=int, default=0, metavar="R",
+                        help="what returning scores costs each engine: R rounds of passes "
+                             "without and with scores, alternating in each engine's process")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one timing process
     args = parser.parse_args()
@@ -250,6 +283,10 @@ def main() -> None:
     if args.force_length and (args.scores or args.n_best > 1):
         parser.error("--force-length times one unscored translation per sentence: not with "
                      "--scores or --n-best")
+    if args.score_cost and (args.scores or args.n_best > 1 or args.force_length
+                            or args.baseline):
+        parser.error("--score-cost times each engine with and without scores itself: not with "
+                     "--scores, --n-best, --force-length or --baseline")
     if args.device == "cuda":
         require_gpu()
     tokenizer_dir = args.models / "tokenizer"
@@ -272,6 +309,9 @@ def main() -> None:
                 "scores": args.scores, "n_best": args.n_best,
                 "force_length": args.force_length}
         names = ["ours", "ctranslate2"] + (["ours_baseline"] if args.baseline else [])
+
+        def lengths_of(lines: list[str]) -> dict[int, int]:
+            return {i: n for i, n in lengths.items() if i < len(lines)}
         models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
 
         def passes(precision, threads, cells, lines, repeats, keep_outputs=False):
@@ -279,7 +319,7 @@ def main() -> None:
             fastest pass per cell, and the first pass's outputs."""
             best: dict[str, dict[str, float]] = {}
             outputs: dict[str, dict] = {}
-            shown = {i: n for i, n in lengths.items() if i < len(lines)}
+            shown = lengths_of(lines)
             for _ in range(repeats):
                 for name in names:
                     spec = {**base, "engine": name, "precision": precision,
@@ -294,7 +334,7 @@ def main() -> None:
             return best, outputs
 
         # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
-        for precision in precisions if not args.force_length else ():
+        for precision in precisions if not (args.force_length or args.score_cost) else ():
             beam = max(4, args.n_best)
             _, outputs = passes(precision, 2, [[beam, 32]], sources, 1, keep_outputs=True)
             ours, theirs = (outputs["ours"][f"{beam},32"],
@@ -310,7 +350,18 @@ def main() -> None:
         # 2. Speed at natural lengths.
         lines = sources[: args.sentences] if args.sentences else sources
         cells = [[beam, size] for beam in ints(args.beams) for size in ints(args.batches)]
-        for threads in ints(args.threads):
+        for threads in ints(args.threads) if args.score_cost else ():
+            for precision in precisions:
+                for name in names:
+                    spec = {**base, "engine": name, "precision": precision, "threads": threads,
+                            "cells": cells, "lines": lines, "lengths": lengths_of(lines),
+                            "score_cost": args.score_cost}
+                    costs = run_worker(spec, Path(work))["score_cost"]
+                    for beam, size in cells:
+                        rows.append(score_cost_row(name, precision, threads, beam, size,
+                                                   len(lines), costs[f"{beam},{size}"]))
+                        print(json.dumps(rows[-1]), flush=True)
+        for threads in ints(args.threads) if not args.score_cost else ():
             for precision in precisions:
                 best, _ = passes(precision, threads, cells, lines, args.repeats)
                 for beam, size in cells:
@@ -352,7 +403,27 @@ def require_gpu() -> None:
                  f"providers {', '.join(ort.get_available_providers())}")
 
 
+def score_cost_row(engine: str, precision: str, threads: int, beam: int, batch: int,
+                   sentences: int, cost: dict) -> dict:
+    ratios = sorted(cost["ratios"])
+    return {"kind": "score_cost", "engine": engine, "precision": precision,
+            "threads": threads, "beam": beam, "batch": batch, "sentences": sentences,
+            "rounds": len(ratios), "plain_sent_per_s": round(sentences / cost["plain"], 1),
+            "scored_sent_per_s": round(sentences / cost["scored"], 1),
+            "scored_vs_plain": round(statistics.median(ratios), 3),
+            "ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)]}
+
+
 def print_table(rows: list[dict]) -> None:
+    if any(r["kind"] == "score_cost" for r in rows):
+        print("\n| engine | precision | beam | batch | threads | sent/s without scores | with "
+              "scores | with / without (median of rounds) |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in (r for r in rows if r["kind"] == "score_cost"):
+            print(f"| {r['engine']} | {r['precision']} | {r['beam']} | {r['batch']} | "
+                  f"{r['threads']} | {r['plain_sent_per_s']} | {r['scored_sent_per_s']} | "
+                  f"{r['scored_vs_plain']} ({r['ratio_range'][0]}-{r['ratio_range'][1]}) |")
+        return
     print("\n| precision | beam | batch | threads | ours sent/s | CTranslate2 sent/s | ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:

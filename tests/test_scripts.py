@@ -312,6 +312,26 @@ def test_engine_benchmark_times_each_engine_in_a_process_of_its_own(tmp_path, mo
     assert first["outputs"]["4,2"] == ["ONE TWO", "THREE", "FOUR FIVE SIX"]
 
 
+def test_engine_benchmark_pairs_passes_without_and_with_scores(tmp_path, monkeypatch):
+    """--score-cost: one worker times its engine both ways, round after round, and a cell's
+    row reports each way's speed and the median of the rounds' scored / plain ratios."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    bench = load_script("benchmark_engines")
+    spec = fake_spec("fake_engine:ClockedEngine") | {"score_cost": 3}
+    costs = bench.run_worker(spec, tmp_path)["score_cost"]
+    # 3 lines: 3 s plain, 9 s with scores, in every round and in batches of 1 or 2
+    assert costs["1,1"] == costs["4,2"] == {"plain": 3.0, "scored": 9.0,
+                                            "ratios": [1 / 3, 1 / 3, 1 / 3]}
+    row = bench.score_cost_row("ours", "int8", 2, 1, 32, 300,
+                               {"plain": 0.1, "scored": 0.125, "ratios": [0.95, 0.8, 0.9]})
+    assert (row["plain_sent_per_s"], row["scored_sent_per_s"]) == (3000.0, 2400.0)
+    assert (row["scored_vs_plain"], row["ratio_range"], row["rounds"]) == (0.9, [0.8, 0.95], 3)
+    refused = subprocess.run([sys.executable, str(REPO / "scripts/benchmark_engines.py"),
+                              "--score-cost", "4", "--scores"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "not with --scores" in refused.stderr
+
+
 def test_engine_benchmark_refuses_to_time_in_a_process_with_torch(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(fake_spec("ctranslate2")))
