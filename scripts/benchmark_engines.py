@@ -309,10 +309,10 @@ def main() -> None:
                 "scores": args.scores, "n_best": args.n_best,
                 "force_length": args.force_length}
         names = ["ours", "ctranslate2"] + (["ours_baseline"] if args.baseline else [])
+        models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
 
         def lengths_of(lines: list[str]) -> dict[int, int]:
             return {i: n for i, n in lengths.items() if i < len(lines)}
-        models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
 
         def passes(precision, threads, cells, lines, repeats, keep_outputs=False):
             """Each engine `repeats` times, alternating, each pass a new process; the
@@ -350,35 +350,37 @@ def main() -> None:
         # 2. Speed at natural lengths.
         lines = sources[: args.sentences] if args.sentences else sources
         cells = [[beam, size] for beam in ints(args.beams) for size in ints(args.batches)]
-        for threads in ints(args.threads) if args.score_cost else ():
-            for precision in precisions:
-                for name in names:
-                    spec = {**base, "engine": name, "precision": precision, "threads": threads,
-                            "cells": cells, "lines": lines, "lengths": lengths_of(lines),
-                            "score_cost": args.score_cost}
-                    costs = run_worker(spec, Path(work))["score_cost"]
-                    for beam, size in cells:
-                        rows.append(score_cost_row(name, precision, threads, beam, size,
-                                                   len(lines), costs[f"{beam},{size}"]))
-                        print(json.dumps(rows[-1]), flush=True)
-        for threads in ints(args.threads) if not args.score_cost else ():
-            for precision in precisions:
-                best, _ = passes(precision, threads, cells, lines, args.repeats)
-                for beam, size in cells:
-                    row = {"kind": "speed", "precision": precision, "threads": threads,
-                           "beam": beam, "batch": size, "sentences": len(lines),
-                           "repeats": args.repeats, "scores": args.scores,
-                           "n_best": args.n_best, "force_length": args.force_length}
+        if args.score_cost:  # each engine with and without scores, in its own process
+            for threads in ints(args.threads):
+                for precision in precisions:
                     for name in names:
-                        seconds = best[name][f"{beam},{size}"]
-                        row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)
-                    row["ours_vs_ctranslate2"] = round(
-                        row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
-                    if args.baseline:
-                        row["ours_vs_baseline"] = round(
-                            row["ours_sent_per_s"] / row["ours_baseline_sent_per_s"], 3)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                        spec = {**base, "engine": name, "precision": precision, "threads": threads,
+                                "cells": cells, "lines": lines, "lengths": lengths_of(lines),
+                                "score_cost": args.score_cost}
+                        costs = run_worker(spec, Path(work))["score_cost"]
+                        for beam, size in cells:
+                            rows.append(score_cost_row(name, precision, threads, beam, size,
+                                                       len(lines), costs[f"{beam},{size}"]))
+                            print(json.dumps(rows[-1]), flush=True)
+        else:
+            for threads in ints(args.threads):
+                for precision in precisions:
+                    best, _ = passes(precision, threads, cells, lines, args.repeats)
+                    for beam, size in cells:
+                        row = {"kind": "speed", "precision": precision, "threads": threads,
+                               "beam": beam, "batch": size, "sentences": len(lines),
+                               "repeats": args.repeats, "scores": args.scores,
+                               "n_best": args.n_best, "force_length": args.force_length}
+                        for name in names:
+                            seconds = best[name][f"{beam},{size}"]
+                            row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)
+                        row["ours_vs_ctranslate2"] = round(
+                            row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
+                        if args.baseline:
+                            row["ours_vs_baseline"] = round(
+                                row["ours_sent_per_s"] / row["ours_baseline_sent_per_s"], 3)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     print_table(rows)
     if args.json:
         from scripts.benchmark_training import cpu_description  # torch: this process only
