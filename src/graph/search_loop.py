@@ -439,9 +439,9 @@ def _greedy_body(decoder: onnx.GraphProto, n_layers: int, vocab: int, keep: set[
 
 
 def block_width(vocab: int) -> int | None:
-    """The block `best_token` splits a row of `vocab` logits into: the divisor of `vocab`
-    nearest 128 within [8, 512], two blocks or more (None: there is none, a plain TopK is
-    used)."""
+    """The block `best_token` and `top_candidates` split a row of `vocab` logits into: the
+    divisor of `vocab` nearest 128 within [8, 512], two blocks or more (None: there is none,
+    a plain TopK is used)."""
     divisors = [b for b in range(8, min(512, vocab // 2) + 1) if vocab % b == 0]
     return min(divisors, key=lambda b: (abs(b - 128), b)) if divisors else None
 
