@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
@@ -48,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 from src.core import paths  # noqa: E402
 from src.core.scoring import bleu  # noqa: E402
 from src.data.subword import decode_ids, drop_broken_bytes  # noqa: E402
-from src.runtime import generation  # noqa: E402  (no onnxruntime until a session opens)
+from src.runtime import contract, generation, placement  # noqa: E402  (no onnxruntime until a session opens)
+from src.runtime.length_batches import translate_in_batches  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 # What no timing process may hold: torch, and the other engine's runtime.
@@ -85,7 +87,7 @@ class Ct2Engine:
     def run(self, lines: list[str], beam: int) -> list[str]:
         tokens = [self.source.encode(line, out_type=str)[: self.limit() - 1] + [self.eos_piece]
                   for line in lines]
-        new_tokens = self.force_length or generation.max_new_tokens(
+        new_tokens = self.force_length or contract.max_new_tokens(
             max(len(t) for t in tokens), float(self.meta["max_length_ratio"]),
             int(self.meta["max_output_tokens"]))
         extra = {}
@@ -128,15 +130,15 @@ class OnnxEngine:
     def run_forced(self, lines: list[str], beam: int) -> list[str]:
         """Exactly `force_length` new tokens per line: `min_length` = `max_length`."""
         model = self.translator
-        src = generation.pad_rows([model.encode(line, i + 1) for i, line in enumerate(lines)],
-                                  model.pad)
+        src = contract.pad_rows([model.encode(line, i + 1) for i, line in enumerate(lines)],
+                                model.pad)
         session = model.session_for(len(lines))
-        feeds = generation.session_feeds(session, src, self.force_length, beam,
-                                         float(model.meta["length_penalty"]),
-                                         scores=self.scores)
+        feeds = contract.session_feeds(session, src, self.force_length, beam,
+                                       float(model.meta["length_penalty"]),
+                                       scores=self.scores)
         feeds["min_length"] = feeds["max_length"]
         (sequences,) = session.run(["sequences"], feeds)
-        ids = generation.parse_sequences(sequences, model.pad)
+        ids = contract.parse_sequences(sequences, model.pad)
         check_lengths([len(row) for row in ids], self.force_length)
         return decode_ids(model.target, ids, model.eos)
 
@@ -153,7 +155,7 @@ def translate_all(engine, lines: list[str], batch_size: int, beam: int,
     """The file through `engine` in src.infer's batches (by source tokens, `lengths`);
     (translations, seconds)."""
     start = time.perf_counter()
-    out = generation.translate_in_batches(
+    out = translate_in_batches(
         lines, batch_size, lambda idx: engine.run([lines[i] for i in idx], beam), lengths)
     return out, time.perf_counter() - start
 
@@ -240,7 +242,8 @@ def load_test(split_dir: Path) -> tuple[list[str], list[str]]:
     return list(test["source"]), list(test["target"])
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the combinations that cannot be timed refused."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=Path, default=paths.MODELS,
@@ -273,11 +276,9 @@ def main() -> None:
                              "without and with scores, alternating in each engine's process")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one timing process
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker.read_text(encoding="utf-8")))))
-        return
-    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+        return args
     if args.n_best > min(ints(args.beams)):
         parser.error(f"--n-best {args.n_best} needs every beam of --beams to be at least that")
     if args.force_length and (args.scores or args.n_best > 1):
@@ -287,109 +288,151 @@ def main() -> None:
                             or args.baseline):
         parser.error("--score-cost times each engine with and without scores itself: not with "
                      "--scores, --n-best, --force-length or --baseline")
-    if args.device == "cuda":
-        require_gpu()
-    tokenizer_dir = args.models / "tokenizer"
-    precisions = args.precisions.split(",")
-    sources, references = load_test(args.split_dir)
-    target_lang = json.loads((tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
-    # this process times nothing: it may load a model to count source tokens (for batching)
-    reference = generation.load_translator(args.models / "model.onnx", threads=1,
-                                           warn=lambda _: None)
-    meta = reference.meta
-    lengths = {i: len(reference.encode(line, i + 1))  # source tokens, as src.infer batches
-               for i, line in enumerate(sources) if line.strip()}
-    rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as work:
+    return args
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+class Sitting:
+    """One sitting: the test sentences, their source lengths, the converted CTranslate2 model
+    and the engines to time, each pass a worker process of its own (`run_worker`)."""
+
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args, self.work = args, work
+        tokenizer_dir = args.models / "tokenizer"
+        self.sources, self.references = load_test(args.split_dir)
+        self.target_lang = json.loads(
+            (tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
+        # this process times nothing: it may load a model to count source tokens (batching)
+        reference = generation.load_translator(args.models / "model.onnx", threads=1,
+                                               warn=lambda _: None)
+        self.lengths = {i: len(reference.encode(line, i + 1))  # as src.infer batches
+                        for i, line in enumerate(self.sources) if line.strip()}
         from src.to_ctranslate2 import convert  # torch, in this process only
 
-        ct2_dir = convert(args.models / "model.pt", tokenizer_dir, Path(work) / "ct2")
-        base = {"models": str(args.models), "ct2_dir": str(ct2_dir),
-                "tokenizer_dir": str(tokenizer_dir), "meta": meta, "device": args.device,
-                "scores": args.scores, "n_best": args.n_best,
-                "force_length": args.force_length}
-        names = ["ours", "ctranslate2"] + (["ours_baseline"] if args.baseline else [])
-        models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
+        ct2_dir = convert(args.models / "model.pt", tokenizer_dir, work / "ct2")
+        self.base = {"models": str(args.models), "ct2_dir": str(ct2_dir),
+                     "tokenizer_dir": str(tokenizer_dir), "meta": reference.meta,
+                     "device": args.device, "scores": args.scores, "n_best": args.n_best,
+                     "force_length": args.force_length}
+        self.names = ["ours", "ctranslate2"] + (["ours_baseline"] if args.baseline else [])
+        self.models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
+        self.lines = self.sources[: args.sentences] if args.sentences else self.sources
+        self.cells = [[beam, size] for beam in ints(args.beams) for size in ints(args.batches)]
 
-        def lengths_of(lines: list[str]) -> dict[int, int]:
-            return {i: n for i, n in lengths.items() if i < len(lines)}
+    def lengths_of(self, lines: list[str]) -> dict[int, int]:
+        return {i: n for i, n in self.lengths.items() if i < len(lines)}
 
-        def passes(precision, threads, cells, lines, repeats, keep_outputs=False):
-            """Each engine `repeats` times, alternating, each pass a new process; the
-            fastest pass per cell, and the first pass's outputs."""
-            best: dict[str, dict[str, float]] = {}
-            outputs: dict[str, dict] = {}
-            shown = lengths_of(lines)
-            for _ in range(repeats):
-                for name in names:
-                    spec = {**base, "engine": name, "precision": precision,
-                            "models": models_of.get(name, base["models"]),
-                            "threads": threads, "cells": cells, "lines": lines,
-                            "lengths": shown, "keep_outputs": keep_outputs and name not in outputs}
-                    result = run_worker(spec, Path(work))
-                    for cell, seconds in result["seconds"].items():
-                        best.setdefault(name, {})[cell] = min(
-                            seconds, best.get(name, {}).get(cell, float("inf")))
-                    outputs.setdefault(name, result["outputs"])
-            return best, outputs
+    def spec(self, name: str, precision: str, threads: int, cells, lines, **extra) -> dict:
+        return {**self.base, "engine": name, "precision": precision,
+                "models": self.models_of.get(name, self.base["models"]), "threads": threads,
+                "cells": cells, "lines": lines, "lengths": self.lengths_of(lines), **extra}
 
-        # 1. Same translations? Whole test split, beam 4, batch 32, 2 threads.
-        for precision in precisions if not (args.force_length or args.score_cost) else ():
-            beam = max(4, args.n_best)
-            _, outputs = passes(precision, 2, [[beam, 32]], sources, 1, keep_outputs=True)
-            ours, theirs = (outputs["ours"][f"{beam},32"],
-                            outputs["ctranslate2"][f"{beam},32"])
+    def passes(self, precision: str, threads: int, cells, lines, repeats: int,
+               keep_outputs: bool = False):
+        """Each engine `repeats` times, alternating, each pass a new process; the fastest
+        pass per cell, and the first pass's outputs."""
+        best: dict[str, dict[str, float]] = {}
+        outputs: dict[str, dict] = {}
+        for _ in range(repeats):
+            for name in self.names:
+                result = run_worker(self.spec(name, precision, threads, cells, lines,
+                                              keep_outputs=keep_outputs and name not in outputs),
+                                    self.work)
+                for cell, seconds in result["seconds"].items():
+                    best.setdefault(name, {})[cell] = min(
+                        seconds, best.get(name, {}).get(cell, float("inf")))
+                outputs.setdefault(name, result["outputs"])
+        return best, outputs
+
+    def quality_rows(self, precisions: list[str]) -> Iterator[dict]:
+        """Same translations? The whole test split, beam 4 (or the n-best), batch 32, 2
+        threads: BLEU of each engine and the share of identical strings."""
+        beam = max(4, self.args.n_best)
+        for precision in precisions:
+            _, outputs = self.passes(precision, 2, [[beam, 32]], self.sources, 1,
+                                     keep_outputs=True)
+            ours, theirs = outputs["ours"][f"{beam},32"], outputs["ctranslate2"][f"{beam},32"]
             same = sum(a == b for a, b in zip(ours, theirs)) / len(ours)
-            row = {"kind": "quality", "precision": precision, "beam": beam, "batch": 32,
-                   "sentences": len(sources), "bleu_ours": bleu(ours, references, target_lang),
-                   "bleu_ctranslate2": bleu(theirs, references, target_lang),
+            yield {"kind": "quality", "precision": precision, "beam": beam, "batch": 32,
+                   "sentences": len(self.sources),
+                   "bleu_ours": bleu(ours, self.references, self.target_lang),
+                   "bleu_ctranslate2": bleu(theirs, self.references, self.target_lang),
                    "identical": round(same, 4)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
 
-        # 2. Speed at natural lengths.
-        lines = sources[: args.sentences] if args.sentences else sources
-        cells = [[beam, size] for beam in ints(args.beams) for size in ints(args.batches)]
-        if args.score_cost:  # each engine with and without scores, in its own process
-            for threads in ints(args.threads):
-                for precision in precisions:
-                    for name in names:
-                        spec = {**base, "engine": name, "precision": precision, "threads": threads,
-                                "cells": cells, "lines": lines, "lengths": lengths_of(lines),
-                                "score_cost": args.score_cost}
-                        costs = run_worker(spec, Path(work))["score_cost"]
-                        for beam, size in cells:
-                            rows.append(score_cost_row(name, precision, threads, beam, size,
-                                                       len(lines), costs[f"{beam},{size}"]))
-                            print(json.dumps(rows[-1]), flush=True)
-        else:
-            for threads in ints(args.threads):
-                for precision in precisions:
-                    best, _ = passes(precision, threads, cells, lines, args.repeats)
-                    for beam, size in cells:
-                        row = {"kind": "speed", "precision": precision, "threads": threads,
-                               "beam": beam, "batch": size, "sentences": len(lines),
-                               "repeats": args.repeats, "scores": args.scores,
-                               "n_best": args.n_best, "force_length": args.force_length}
-                        for name in names:
-                            seconds = best[name][f"{beam},{size}"]
-                            row[f"{name}_sent_per_s"] = round(len(lines) / seconds, 1)
-                        row["ours_vs_ctranslate2"] = round(
-                            row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
-                        if args.baseline:
-                            row["ours_vs_baseline"] = round(
-                                row["ours_sent_per_s"] / row["ours_baseline_sent_per_s"], 3)
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+    def score_cost_rows(self, precisions: list[str]) -> Iterator[dict]:
+        """Each engine with and without scores, paired in its own process."""
+        for threads in ints(self.args.threads):
+            for precision in precisions:
+                for name in self.names:
+                    spec = self.spec(name, precision, threads, self.cells, self.lines,
+                                     score_cost=self.args.score_cost)
+                    costs = run_worker(spec, self.work)["score_cost"]
+                    for beam, size in self.cells:
+                        yield score_cost_row(name, precision, threads, beam, size,
+                                             len(self.lines), costs[f"{beam},{size}"])
+
+    def speed_rows(self, precisions: list[str]) -> Iterator[dict]:
+        """Speed at natural lengths (or forced ones): sent/s of each engine per cell."""
+        args = self.args
+        for threads in ints(args.threads):
+            for precision in precisions:
+                best, _ = self.passes(precision, threads, self.cells, self.lines, args.repeats)
+                for beam, size in self.cells:
+                    row = {"kind": "speed", "precision": precision, "threads": threads,
+                           "beam": beam, "batch": size, "sentences": len(self.lines),
+                           "repeats": args.repeats, "scores": args.scores,
+                           "n_best": args.n_best, "force_length": args.force_length}
+                    for name in self.names:
+                        seconds = best[name][f"{beam},{size}"]
+                        row[f"{name}_sent_per_s"] = round(len(self.lines) / seconds, 1)
+                    row["ours_vs_ctranslate2"] = round(
+                        row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
+                    if args.baseline:
+                        row["ours_vs_baseline"] = round(
+                            row["ours_sent_per_s"] / row["ours_baseline_sent_per_s"], 3)
+                    yield row
+
+
+def run_sitting(args: argparse.Namespace) -> list[dict]:
+    """Quality first (unless only speeds are asked for), then the speed or score-cost rows,
+    each printed as JSON as it is measured."""
+    precisions = args.precisions.split(",")
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as work:
+        sitting = Sitting(args, Path(work))
+        steps = [] if (args.force_length or args.score_cost) else [sitting.quality_rows]
+        steps.append(sitting.score_cost_rows if args.score_cost else sitting.speed_rows)
+        for step in steps:
+            for row in step(precisions):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def write_json(path: Path, rows: list[dict]) -> None:
+    """The rows with the command, commit and CPU that produced them."""
+    from scripts.benchmark_training import cpu_description  # torch: this process only
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    path.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "commit": commit,
+                                "machine": cpu_description(), "rows": rows}, indent=1) + "\n")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:  # one timing process
+        print(json.dumps(worker(json.loads(args.worker.read_text(encoding="utf-8")))))
+        return
+    if args.device == "cuda":
+        require_gpu()
+    rows = run_sitting(args)
     print_table(rows)
     if args.json:
-        from scripts.benchmark_training import cpu_description  # torch: this process only
-
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
-        args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv),
-                                         "commit": commit, "machine": cpu_description(),
-                                         "rows": rows}, indent=1) + "\n")
+        write_json(args.json, rows)
 
 
 def require_gpu() -> None:
@@ -398,7 +441,7 @@ def require_gpu() -> None:
     import onnxruntime as ort
 
     if ctranslate2.get_cuda_device_count() == 0 \
-            or generation.CUDA not in ort.get_available_providers():
+            or placement.CUDA not in ort.get_available_providers():
         sys.exit("error: --device cuda needs a GPU that CTranslate2 sees and onnxruntime-gpu's "
                  "CUDA provider; this machine has "
                  f"{ctranslate2.get_cuda_device_count()} CUDA device(s) for CTranslate2 and "

@@ -34,7 +34,7 @@ from src.core import paths  # noqa: E402
 from src.data.batching import clip_source, pad  # noqa: E402
 from src.nmt import checkpoint
 from src.nmt.search import beam_search, greedy_search, max_output_length  # noqa: E402
-from src.runtime import generation
+from src.runtime import contract, sessions
 
 
 class NoCacheDecoding:
@@ -73,10 +73,10 @@ def torch_runner(model):
 
 
 def onnx_runner(path: Path, threads: int):
-    session = generation.open_session(path, "cpu", threads)  # as src.infer opens it
+    session = sessions.open_session(path, "cpu", threads)  # as src.infer opens it
 
     def run(src, beam, max_len):
-        return generation.run_search(session, src.numpy(), max_len, beam, 1.0)
+        return contract.run_search(session, src.numpy(), max_len, beam, 1.0)
     return run
 
 

@@ -1,4 +1,5 @@
-"""Training speed beside the Hugging Face peer, in one sitting: docs/benchmarks/train_speed.json.
+"""Training speed beside the Hugging Face peer, in one sitting, appended to
+docs/benchmarks/train_speed_sittings.json (the sittings docs/results.md shows).
 
 Rows, in this order and repeated `--rounds` times: peer fp32, ours fp32, peer bf16, ours bf16,
 each `--minutes` of training at `--threads` threads, one after another so nothing runs beside
@@ -16,9 +17,10 @@ them. `torch.mm` peaks of both precisions are read before and after the rows.
 
     python scripts/benchmark_training.py --peer-script PATH/peer_train.py \\
         --peer-python PATH/bin/python --peer-data PATH/cmn.txt \\
-        --json docs/benchmarks/train_speed.json
+        --append docs/benchmarks/train_speed_sittings.json
 
-Then `python scripts/results.py` renders the table into docs/results.md. Run it on an idle
+Then `python scripts/results.py` renders the last sitting (the earlier ones beside it) into
+docs/results.md. Run it on an idle
 machine: two PyTorch processes on two cores slow each other several-fold.
 """
 
@@ -172,6 +174,8 @@ def main(
     rounds: int = typer.Option(1, help="Repeat the four rows this many times."),
     set_: list[str] = typer.Option([], "--set", help="train.<key>=<value> for our rows."),
     json_out: Path = typer.Option(None, "--json", help="Write the sitting here."),
+    append: Path = typer.Option(None, help="Append the sitting to this sittings file "
+                                           '({"sittings": [...]}; made if missing).'),
 ) -> None:
     sets = parse_sets(set_)
     peaks = {"fp32": [], "bf16": []}
@@ -218,6 +222,18 @@ def main(
     print(sitting["note"])
     if json_out:
         json_out.write_text(json.dumps(sitting, indent=2, ensure_ascii=False) + "\n")
+    if append:
+        append_sitting(append, sitting)
+
+
+def append_sitting(path: Path, sitting: dict) -> None:
+    """One more sitting at the end of a sittings file, written whole (a temporary sibling,
+    then renamed), so a failure leaves the file as it was."""
+    doc = json.loads(path.read_text()) if path.exists() else {"sittings": []}
+    doc["sittings"].append(sitting)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

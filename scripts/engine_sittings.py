@@ -1,10 +1,20 @@
-"""Several sittings of scripts/benchmark_engines.py side by side, each cell judged by its worst.
+"""The tables of docs/engines.md, from the sittings of scripts/benchmark_engines.py.
 
-    python scripts/engine_sittings.py engines_s1.json engines_s2.json engines_s3.json
+    python scripts/engine_sittings.py docs/benchmarks/engines_epyc_blocks.json
+    python scripts/engine_sittings.py s1.json s2.json s3.json --merge sittings.json
 
-Prints two Markdown tables: every cell (precision, beam, batch, threads) with ours / CTranslate2
-sent/s and their ratio in each sitting, then the worst ratio; and the best-thread table, where
-each engine takes its faster thread count per sitting (precision, beam, batch).
+A file is one sitting (what `benchmark_engines.py --json` writes: {"command", "commit",
+"machine", "rows"}) or several ({"sittings": [<one sitting's file, unchanged>, ...]}, what
+`--merge` writes). Prints, as Markdown, for the sittings of all files given, in order:
+- a line naming the sittings' commits and machines (where the files say them);
+- a line of the translation check (identical strings, BLEU of both engines), where there is one;
+- from timed rows: every cell (precision, beam, batch, threads) with ours / CTranslate2 sent/s
+  and their ratio in each sitting, then the worst ratio; and the best-thread table, where each
+  engine takes its faster thread count per sitting (precision, beam, batch);
+- from `--score-cost` rows: each engine's speed with scores / without in each sitting (ours /
+  CTranslate2, bold below 0.97: a cost over 3%), each engine's worst, and the worst ratio of
+  the two engines' speeds with scores.
+A cell is judged by its worst sitting.
 """
 
 from __future__ import annotations
@@ -13,26 +23,83 @@ import argparse
 import json
 from pathlib import Path
 
-
-def speed_rows(path: Path) -> list[dict]:
-    return [r for r in json.loads(path.read_text(encoding="utf-8"))["rows"]
-            if r["kind"] == "speed"]
+COST_BOLD_BELOW = 0.97  # a cost of more than 3%
 
 
-def table_head(first: str, sittings: int) -> list[str]:
+def sittings_in(path: Path) -> list[dict]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return list(data["sittings"]) if "sittings" in data else [data]
+
+
+def rows_of(sitting: dict, kind: str) -> list[dict]:
+    return [r for r in sitting["rows"] if r["kind"] == kind]
+
+
+def speed_rows(sitting: dict) -> list[dict]:
+    return rows_of(sitting, "speed")
+
+
+def distinct(values) -> str:
+    seen = list(dict.fromkeys(str(v) for v in values if v is not None))
+    return ", ".join(seen)
+
+
+def heading(sittings: list[dict]) -> list[str]:
+    parts = []
+    commits = distinct(s.get("commit") for s in sittings)
+    if commits:
+        parts.append(f"commit {commits}")
+    machines = distinct(s.get("machine") for s in sittings)
+    if machines:
+        parts.append(machines)
+    count = f"{len(sittings)} sitting{'s' if len(sittings) != 1 else ''}"
+    return [f"{count}: {'; '.join(parts)}."] if parts else [f"{count}."]
+
+
+def span(values, show=str) -> str:
+    low, high = min(values), max(values)
+    return show(low) if low == high else f"{show(low)}–{show(high)}"
+
+
+def percent(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
+def quality_line(sittings: list[dict]) -> list[str]:
+    """One line: each checked configuration's identical strings and BLEU, ours / CTranslate2
+    (a range where the sittings differ)."""
+    rows = [r for s in sittings for r in rows_of(s, "quality")]
+    keys = list(dict.fromkeys((r["precision"], r["beam"], r["batch"]) for r in rows))
+    if not keys:
+        return []
+    parts = []
+    for key in keys:
+        same = [r for r in rows if (r["precision"], r["beam"], r["batch"]) == key]
+        parts.append(f"{key[0]} beam {key[1]} batch {key[2]}: "
+                     f"{span([r['identical'] for r in same], percent)} identical, BLEU "
+                     f"{span([r['bleu_ours'] for r in same])} / "
+                     f"{span([r['bleu_ctranslate2'] for r in same])}")
+    sentences = span([r["sentences"] for r in rows])
+    return [f"Test split ({sentences} sentences), ours / CTranslate2: {'; '.join(parts)}."]
+
+
+def table_head(first: str, sittings: int, last: str = "| worst ratio |") -> list[str]:
     columns = " | ".join(f"sitting {i + 1}" for i in range(sittings))
-    return [f"| {first} | {columns} | worst ratio |", "|---|" + "---|" * (sittings + 1)]
+    return [f"| {first} | {columns} {last}",
+            "|---|" + "---|" * (sittings + last.count("|") - 1)]
+
+
+def cell_key(r: dict) -> tuple:
+    return r["precision"], r["beam"], r["batch"], r["threads"]
 
 
 def cell_table(sittings: list[list[dict]]) -> list[str]:
-    keys = sorted({(r["precision"], r["beam"], r["batch"], r["threads"])
-                   for rows in sittings for r in rows})
+    keys = sorted({cell_key(r) for rows in sittings for r in rows})
     lines = table_head("precision, beam, batch, threads", len(sittings))
     for key in keys:
         cells, ratios = [], []
         for rows in sittings:
-            row = next((r for r in rows if (r["precision"], r["beam"], r["batch"],
-                                            r["threads"]) == key), None)
+            row = next((r for r in rows if cell_key(r) == key), None)
             if row is None:
                 cells.append("")
                 continue
@@ -76,15 +143,61 @@ def best_thread_table(sittings: list[list[dict]]) -> list[str]:
     return lines
 
 
+def cost(ratio: float) -> str:
+    return f"**{ratio:.3f}**" if ratio < COST_BOLD_BELOW else f"{ratio:.3f}"
+
+
+def score_cost_table(sittings: list[list[dict]]) -> list[str]:
+    """Per cell and sitting: scored / plain speed, ours / CTranslate2."""
+    keys = sorted({cell_key(r) for rows in sittings for r in rows})
+    lines = table_head("precision, beam, batch, threads", len(sittings),
+                       "| worst, ours | worst, CTranslate2 | with scores, ours / CTranslate2, "
+                       "worst |")
+    for key in keys:
+        cells, worst, speeds = [], {"ours": [], "ctranslate2": []}, []
+        for rows in sittings:
+            cell = {r["engine"]: r for r in rows if cell_key(r) == key}
+            if set(cell) != {"ours", "ctranslate2"}:
+                cells.append("")
+                continue
+            for engine, row in cell.items():
+                worst[engine].append(row["scored_vs_plain"])
+            cells.append(f"{cost(cell['ours']['scored_vs_plain'])} / "
+                         f"{cost(cell['ctranslate2']['scored_vs_plain'])}")
+            speeds.append(round(cell["ours"]["scored_sent_per_s"]
+                                / cell["ctranslate2"]["scored_sent_per_s"], 2))
+        if not speeds:
+            continue
+        lines.append(f"| {key[0]} {key[1]} {key[2]}, {key[3]} | " + " | ".join(cells)
+                     + f" | {cost(min(worst['ours']))} | {cost(min(worst['ctranslate2']))} "
+                     f"| {min(speeds)} |")
+    return lines
+
+
+def report(sittings: list[dict]) -> str:
+    blocks = [heading(sittings) + quality_line(sittings)]
+    speed = [speed_rows(s) for s in sittings]
+    if any(speed):
+        blocks += [cell_table(speed), best_thread_table(speed)]
+    costs = [rows_of(s, "score_cost") for s in sittings]
+    if any(costs):
+        blocks.append(score_cost_table(costs))
+    return "\n\n".join("\n".join(block) for block in blocks if block)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sittings", type=Path, nargs="+", help="benchmark_engines.py --json files")
+    parser.add_argument("files", type=Path, nargs="+",
+                        help="benchmark_engines.py --json files, or files of several sittings")
+    parser.add_argument("--merge", type=Path, metavar="OUT",
+                        help='also write every sitting given to OUT as {"sittings": [...]}')
     args = parser.parse_args()
-    sittings = [speed_rows(path) for path in args.sittings]
-    print("\n".join(cell_table(sittings)))
-    print()
-    print("\n".join(best_thread_table(sittings)))
+    sittings = [s for path in args.files for s in sittings_in(path)]
+    if args.merge:
+        args.merge.write_text(json.dumps({"sittings": sittings}, indent=1, ensure_ascii=False)
+                              + "\n", encoding="utf-8")
+    print(report(sittings))
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def build(root: Path, minutes: float) -> Path:
 
 
 def placement_rows(models: Path, provider: str) -> list[dict]:
-    from src.runtime import generation
+    from src.runtime import sessions
 
     rows = []
     for name in FILES:
@@ -94,7 +94,7 @@ def placement_rows(models: Path, provider: str) -> list[dict]:
             ["cuda"] if "int8" in name or "text" in name else [])
         for choice in forced:
             warnings: list[str] = []
-            session = generation.open_session(path, choice, warn=warnings.append)
+            session = sessions.open_session(path, choice, warn=warnings.append)
             rows.append({"check": "placement", "file": name, "provider": choice,
                          "nodes": placement.describe(session), "warnings": warnings})
     return rows
@@ -109,7 +109,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     from src.graph import verify
     from src.nmt import checkpoint
     from src.nmt.search import translate_ids
-    from src.runtime import generation
+    from src.runtime import generation, sessions
 
     model, _ = checkpoint.load_model(models / "model.pt")
     test = load_from_disk(str(data))["test"]
@@ -118,7 +118,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     for name in ("model.onnx", "model.fp16.onnx"):
         if not (models / name).is_file() or (name == "model.fp16.onnx" and provider == "cpu"):
             continue
-        result = verify.parity(generation.open_session(models / name, provider), model,
+        result = verify.parity(sessions.open_session(models / name, provider), model,
                                sources, cfg)
         result.pop("mismatches")
         ok = result["greedy_parity"] == 1.0 and result["beam_parity"] >= cfg.min_beam_parity

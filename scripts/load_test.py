@@ -2,7 +2,7 @@
 
     mlflow models serve -m models:/nmt-en-zh@candidate --env-manager local --port 5001 &
     python scripts/load_test.py --url http://127.0.0.1:5001 --sentences test.en \
-        --onnx models/model.onnx --json docs/benchmarks/serving.json
+        --onnx models/model.onnx --json serving.json
 
 For every batch size (sentences per request) and number of concurrent clients it sends
 `--requests` requests to `/invocations` and prints p50/p95/p99 latency, sentences per second

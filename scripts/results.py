@@ -1,10 +1,10 @@
 """Write docs/results.md from the raw measurements beside it, so every number has one source.
 
-Reads docs/experiments.jsonl (rows appended by scripts/experiments.py), docs/benchmarks/*.json
-(the default run, decoding choices, training speed by precision and beside the peer,
-translation speed; benchmark_infer.py --json
-writes the speed file) and docs/benchmarks/{sample,long}_translations.tsv. Each table names the
-command that produced its numbers.
+Reads docs/experiments.jsonl (rows appended by scripts/experiments.py) and the files of
+docs/benchmarks/ named in BENCHMARKS. Each table names the command behind its numbers, the CPU
+and the file they come from, by its full name. A file of several sittings ({"sittings": [...]},
+oldest first) gives the table of its last sitting, with the earlier sittings' figures beside it:
+a difference inside that spread is not a result.
 
     python scripts/results.py            # rewrite docs/results.md
     python scripts/results.py --check    # exit 1 if docs/results.md is out of date (CI runs it)
@@ -21,10 +21,35 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 OUT = DOCS / "results.md"
 
+# Every file of docs/benchmarks/ this page reads; the page cites each by its full name.
+BENCHMARKS = {
+    "default": "default_run.json",
+    "decoding": "decoding.json",
+    "train_speed": "train_speed_sittings.json",
+    "peer": "peer_train.json",
+    "infer": "infer_speed.json",
+    "continuous": "continuous_training.json",
+    "samples": "sample_translations.tsv",
+    "long": "long_translations.tsv",
+}
+
 # Rows of docs/experiments.jsonl by what they vary; anything else lands in "other rows".
 DECODING_ROWS = ("greedy", "beam4-lp1.0", "beam5-lp1.0", "beam5-lp1.2")
 # Other directions and pairs, kept out of the en→zh ablation: a full run first, then smoke runs.
 PAIR_ROWS = ("full-zh-en", "zh-en", "en-vi")
+# The full row whose recipe is today's default (params.yaml), and pairs of rows that ran one
+# recipe twice with other random draws: their gap is the spread between runs.
+DEFAULT_ROW = "full-e64-avg10"
+REPEATED_ROWS = (("full-epochs34", "full-epochs34-cpu-dropout"),
+                 ("full-default", "full-default-cpu-dropout"))
+# Columns of continuous_training.json: the parent, today's fine-tune recipe, from scratch.
+PARENT_RUN, FINETUNE_RUN, SCRATCH_RUN = "(a)", "(b5)", "(c)"
+# The finetune section the fine-tunes' commands override (params.yaml when they ran).
+FINETUNE_BASE = {"finetune.lr": "0.0003", "finetune.warmup_steps": "200", "finetune.epochs": "24"}
+
+
+def cite(name: str) -> str:
+    return f"`docs/benchmarks/{name}`"
 
 
 def load_json(bench: Path, name: str) -> dict:
@@ -50,16 +75,15 @@ def millions(n: int | None) -> str:
     return f"{n / 1e6:.2f}M" if n else "n/a"
 
 
-def default_run(runs: list[dict], decoding: dict, experiments: dict[str, dict]) -> list[str]:
-    """The default recipe, one column per published run (newest first): the same recipe on
-    different machines and precisions gives different numbers, and each column says whose."""
+def default_run(runs: list[dict], source: str) -> list[str]:
+    """The default recipe, one column per run given (run 1 is the one main's dvc.lock holds)."""
     def column(run: dict) -> list:
         t, test = run["train"], run["test"]
         # a run stopped and resumed has step time but no single wall-clock figure
         wall = (f"{run['wall_minutes']} min" if run["wall_minutes"] is not None
-                else run["wall_note"])
+                else "none: trained in sittings, each resumed bit for bit by `dvc repro`")
         return [f"{run.get('precision', 'fp32')}, {run.get('cpu', run['machine'])}",
-                f"`{run['commit']}`, {run['date']}", wall,
+                f"`{run['commit']}`", wall,
                 f"{t['epochs']} epochs, {t['steps']:,} steps, {t['train_minutes']} min, "
                 f"{t['tokens_per_s']:,} tokens/s", f"{t['n_parameters']:,}",
                 f"train {run['split']['train']:,} / valid {run['split']['valid']:,} / test "
@@ -69,7 +93,7 @@ def default_run(runs: list[dict], decoding: dict, experiments: dict[str, dict]) 
                 *[b["bleu"] for b in run["bleu_by_source_words"]]]
 
     first = runs[0]
-    measures = ["precision, CPU", "commit, date", "wall time", "training", "parameters",
+    measures = ["precision, CPU", "code", "wall time", "training", "parameters",
                 "split (pairs)",
                 f"test BLEU (sacreBLEU `{first['test']['bleu_tokenizer']}`, beam "
                 f"{first['test']['beam_size']})", "test chrF", "brevity penalty",
@@ -79,10 +103,12 @@ def default_run(runs: list[dict], decoding: dict, experiments: dict[str, dict]) 
                 *[f"BLEU, sources {b['bucket']} ({b['rows']:,} rows)"
                   for b in first["bleu_by_source_words"]]]
     columns = [column(run) for run in runs]
-    lines = ["## The default recipe", ""]
-    lines += [f"- `{run['command']}` ({run['machine']})" for run in runs]
-    lines += ["", *table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
-                         [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])]
+    lines = ["## The default recipe", "",
+             "`dvc repro` with the committed params.yaml (`download.url` a local copy of "
+             f"cmn-eng.zip, same sha256); machine: {first['machine']}. The outputs are main's "
+             f"`dvc.lock`, so `dvc metrics show` prints them. Raw numbers: {cite(source)}.", ""]
+    lines += table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
+                   [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])
     for i, run in enumerate(runs):
         ex = run["export"]
         lines += [f"Export of run {i + 1}'s model (`python -m src.export`): greedy parity "
@@ -91,14 +117,16 @@ def default_run(runs: list[dict], decoding: dict, experiments: dict[str, dict]) 
                   f"MB, BLEU {ex['fp32_bleu']}; `model.int8.onnx` {ex['int8_size_mb']} MB, BLEU "
                   f"{ex['int8_bleu']} (same output as fp32 on {ex['int8_same_as_fp32']:.1%} of "
                   "test sentences).", ""]
-    lines += [
-        "## Decoding and checkpoint choices",
-        "",
-    ]
+    return lines
+
+
+def decoding_choices(decoding: dict, experiments: dict[str, dict], source: str) -> list[str]:
     # The choices were measured on one trained model, which need not be today's default.
     base = experiments[decoding["model_row"]]
-    lines += [f"On the model of the `{base['name']}` row ({base['what']}); test split unless "
-              "said otherwise. The commands re-run today decode the current default's model.", ""]
+    lines = ["## Decoding and checkpoint choices", "",
+             f"On the model of the `{base['name']}` row ({base['what']}); test split unless "
+             "said otherwise; the commands decode whatever model the workspace holds. Raw "
+             f"numbers: {cite(source)} and `docs/experiments.jsonl`.", ""]
     rows = [["beam 4, average of the 5 best epochs",
              f"`scripts/experiments.py --rows {base['name']}`", base["bleu"], base["chrf"]]]
     for name in DECODING_ROWS:
@@ -125,7 +153,8 @@ def short_rows(rows: list[dict]) -> list[str]:
         "`python scripts/experiments.py --rows <name>`: 300 optimizer steps each (about 1.8 "
         "epochs), test decoded greedily. At 300 steps BLEU is below 1 for every row, so **the "
         "valid loss ranks them** (per-token NLL without smoothing; comparable only between rows "
-        "with the same vocabulary). A smoke test of each switch, not evidence for the recipe.",
+        "with the same vocabulary). A smoke test of each switch, not evidence for the recipe. "
+        "Raw rows: `docs/experiments.jsonl`.",
         "",
     ]
     lines += table(
@@ -136,7 +165,23 @@ def short_rows(rows: list[dict]) -> list[str]:
     return lines
 
 
-def full_rows(rows: list[dict]) -> list[str]:
+def spread(by_name: dict[str, dict]) -> str:
+    """The gap between two runs of one recipe, from the rows that repeated one."""
+    pairs = [(by_name[a], by_name[b]) for a, b in REPEATED_ROWS
+             if a in by_name and b in by_name]
+    if not pairs:
+        return ""
+
+    def widest(key: str) -> float:
+        return max(abs(a[key] - b[key]) for a, b in pairs)
+
+    names = ", ".join(f"`{a['name']}` and `{b['name']}`" for a, b in pairs)
+    return (f"One recipe run twice with other random draws ({names}) moved valid BLEU by up "
+            f"to {widest('final_valid_bleu'):.2f} and test BLEU by up to {widest('bleu'):.2f}: "
+            "a gap between two rows smaller than that is not a result.")
+
+
+def full_rows(rows: list[dict], by_name: dict[str, dict]) -> list[str]:
     """Full-length runs (`full-*` rows): the recipe's ablation, chosen on valid BLEU."""
     if not rows:
         return []
@@ -144,9 +189,10 @@ def full_rows(rows: list[dict]) -> list[str]:
         "## Recipe ablation (full runs)",
         "",
         "`python scripts/experiments.py --rows <name>`: each row a whole `dvc exp run` of the "
-        "pipeline with the overrides shown on top of the committed `params.yaml`. Choices are "
-        "made on **valid BLEU** (greedy, the averaged final model); the test columns are "
-        "beam 4, by source length in words.",
+        "pipeline with the overrides shown on top of the committed `params.yaml`, in fp32. "
+        "Choices are made on **valid BLEU** (greedy, the averaged final model); the test "
+        "columns are beam 4, by source length in words. Raw rows, with how each ran: "
+        "`docs/experiments.jsonl`.",
         "",
     ]
     lines += table(
@@ -159,7 +205,11 @@ def full_rows(rows: list[dict]) -> list[str]:
           r.get("commit")]
          for r in rows],
     )
-    return lines + row_notes(rows)
+    kept = (f"`{DEFAULT_ROW}` is today's recipe (the default run above trains it in the "
+            "precision `train.precision: auto` picks); every other row was tried and not kept. "
+            if DEFAULT_ROW in by_name else "")
+    text = (kept + spread(by_name)).strip()
+    return lines + ([text, ""] if text else [])
 
 
 def row_notes(rows: list[dict]) -> list[str]:
@@ -173,48 +223,27 @@ def pair_rows(rows: list[dict]) -> list[str]:
     lines = ["## Other language pairs", "",
              "`full-*` rows are whole runs of a full-length recipe (the row says which) in "
              "another direction; the other rows are short runs that show a pair goes through "
-             "every stage, not quality figures.", ""]
+             "every stage, not quality figures. The en-vi row reads IWSLT'15 tst2012/tst2013 "
+             "as `data/iwslt15/tst201N.en` and `.vi` (not in the repository). Raw rows: "
+             "`docs/experiments.jsonl`.", ""]
     lines += table(
         ["row", "what", "overrides", "test BLEU", "chrF", "length of training"],
         [[r["name"], r["what"], overrides(r), r["bleu"], r["chrf"],
           f"{r['overrides']['train.max_steps']} steps" if "train.max_steps" in r["overrides"]
           else f"{r.get('epochs')} epochs"] for r in rows],
     )
-    return lines + row_notes(rows)
-
-
-def training_speed(peer: dict) -> list[str]:
-    p, o, q = peer["peer"], peer["ours"], peer["peer_quality"]
-
-    def share_of_peak(tokens_per_s: int) -> float:
-        # The peer's analytic FLOPs per token hold for ours too (same dims), so shares scale
-        # with tokens/s.
-        return p["mfu_analytic"] * tokens_per_s / p["tokens_per_s"]
-
-    lines = ["## Training speed and the Hugging Face baseline", "", f"{peer['what']} "
-             f"({peer['date']}).", ""]
-    lines += table(
-        ["system", "command", "tokens/s", "share of matmul peak"],
-        [
-            ["Hugging Face peer: " + p["script"], f"`{p['command']}`",
-             f"{p['tokens_per_s']:,} (2 threads {p['tokens_per_s_2_threads']:,}, 1 thread "
-             f"{p['tokens_per_s_1_thread']:,})",
-             f"{p['mfu_analytic']:.0%} of {p['matmul_peak_gflops']} GFLOP/s"],
-            ["ours: the train stage" + (f" at `{o['commit']}`" if "commit" in o else ""),
-             f"`{o['command']}`", f"{o['tokens_per_s']:,}",
-             f"~{share_of_peak(o['tokens_per_s']):.0%} (peer's analytic count)"],
-            *[[f"{v['what']} at `{v['commit']}`", f"`{v['command']}`", f"{v['tokens_per_s']:,}",
-               f"~{share_of_peak(v['tokens_per_s']):.0%}"] for v in peer.get("ours_variants", [])],
-        ],
-    )
-    lines += [f"Peer quality: {q['bleu']} BLEU (beam 4; {q['bleu_greedy']} greedy) after "
-              f"{q['train_minutes']} CPU minutes at {q['tokens_per_s']:,} tokens/s "
-              f"(`{q['command']}`; {q['note']}).", ""]
     return lines
 
 
-def training_speed_by_precision(sitting: dict) -> list[str]:
-    """Peer and ours in fp32 and bf16 from one sitting; shares of each precision's own peak."""
+def sittings(data: dict) -> list[dict]:
+    """The sittings of a file, oldest first: {"sittings": [...]} or one sitting on its own."""
+    return data["sittings"] if "sittings" in data else [data]
+
+
+def training_speed_by_precision(sitting: dict, earlier: list[dict] | tuple = (),
+                                source: str = "") -> list[str]:
+    """Peer and ours in fp32 and bf16 from one sitting; shares of each precision's own peak;
+    the same rows' figures in earlier sittings beside them."""
     peak = sitting["matmul_peak_gflops"]
 
     def share(row: dict) -> str:
@@ -222,61 +251,106 @@ def training_speed_by_precision(sitting: dict) -> list[str]:
         gflops = sitting["gflop_per_token"] * row["tokens_per_s"]
         return f"{gflops / peak[row['precision']]:.0%} of {peak[row['precision']]} GFLOP/s"
 
-    peer_fp32 = next(r for r in sitting["rows"] if r["system"].endswith("peer")
-                     and r["precision"] == "fp32")["tokens_per_s"]
+    def peer_fp32(one: dict) -> int:
+        return next(r for r in one["rows"] if r["system"].endswith("peer")
+                    and r["precision"] == "fp32")["tokens_per_s"]
+
+    def kind(row: dict) -> tuple:
+        # "ours, again after the two-rank row" is the row "ours" run once more
+        return row["system"].split(",")[0], row["precision"], row["layout"]
+
+    def before(row: dict) -> str:
+        seen = [f"{r['tokens_per_s']:,} ({r['tokens_per_s'] / peer_fp32(one):.2f}x), "
+                f"`{one['commit']}`" for one in earlier for r in one["rows"]
+                if kind(r) == kind(row)]
+        return "; ".join(seen)
+
     lines = ["## Training speed by precision", "",
-             f"{sitting['what']} CPU: {sitting['cpu']}; {sitting['date']}, code at "
-             f"`{sitting['commit']}`. Matmul peaks: `{sitting['peak_command']}`.", ""]
-    lines += table(
-        ["system", "precision", "ranks x threads", "command", "tokens/s", "x peer fp32",
-         "share of the precision's matmul peak"],
-        [[r["system"], r["precision"], r["layout"], f"`{r['command']}`",
-          f"{r['tokens_per_s']:,}", f"{r['tokens_per_s'] / peer_fp32:.2f}", share(r)]
-         for r in sitting["rows"]],
-    )
-    return lines + [sitting["note"], ""]
+             f"{sitting['what']} CPU: {sitting['cpu']}; code at `{sitting['commit']}`. Matmul "
+             f"peaks: `{sitting['peak_command']}`."
+             + (f" Raw numbers, every sitting: {cite(source)}." if source else ""), ""]
+    header = ["system", "precision", "ranks x threads", "command", "tokens/s", "x peer fp32",
+              "share of the precision's matmul peak"]
+    rows = [[r["system"], r["precision"], r["layout"], f"`{r['command']}`",
+             f"{r['tokens_per_s']:,}", f"{r['tokens_per_s'] / peer_fp32(sitting):.2f}", share(r)]
+            for r in sitting["rows"]]
+    if earlier:
+        header.append("earlier sittings: tokens/s (x peer fp32)")
+        rows = [row + [before(r)] for row, r in zip(rows, sitting["rows"])]
+    return lines + table(header, rows)
 
 
-def continuous_training(ct: dict) -> list[str]:
-    """Issue 58's three runs, one column each: a parent on half the training sources, the
-    parent fine-tuned on all of them, and the from-scratch run on all of them."""
+def peer_quality(peer: dict, source: str) -> list[str]:
+    p, q = peer["peer"], peer["peer_quality"]
+    return [f"The Hugging Face peer is {p['script']}. Its quality: {q['bleu']} BLEU (beam 4; "
+            f"{q['bleu_greedy']} greedy) after {q['train_minutes']} CPU minutes at "
+            f"{q['tokens_per_s']:,} tokens/s (`{q['command']}`; {q['note']}; {cite(source)}).",
+            ""]
+
+
+def continuous_training(ct: dict, source: str) -> list[str]:
+    """A parent on half the training sources, fine-tuned on all of them with several recipes,
+    and the from-scratch run on all of them: one row per run."""
     runs = ct["runs"]
-    buckets = (("le6w", "<= 6"), ("7to9w", "7-9"), ("ge10w", ">= 10"))
     halves = ct["halves"]
 
     def half(run: dict, which: str) -> str:
         one = run["halves"][which]
         return f"{one['bleu']} / {one['chrf']}"
 
-    rows = [["command", *[f"`{r['command']}`" for r in runs]],
-            ["training pairs", *[f"{r['train_pairs']:,}" for r in runs]],
-            ["starts from", *[r["starts_from"] for r in runs]],
-            ["epochs, steps", *[f"{r['epochs']}, {r['steps']:,}" for r in runs]],
-            ["training minutes (train stage's step time)",
-             *[f"**{r['train_minutes']}**" for r in runs]],
-            ["tokens/s", *[f"{r['tokens_per_s']:,}" for r in runs]],
-            ["valid BLEU (greedy, selects epochs)", *[r["valid_bleu"] for r in runs]],
-            ["test BLEU (beam 4)", *[f"**{r['test']['bleu']}**" for r in runs]],
-            ["test chrF", *[r["test"]["chrf"] for r in runs]],
-            *[[f"test BLEU, sources {label} words", *[r["test"][f"bleu_{key}"] for r in runs]]
-              for key, label in buckets],
-            [f"old half: BLEU / chrF ({halves['sentences']:,} training pairs the parent saw)",
-             *[half(r, "old") for r in runs]],
-            [f"new half: BLEU / chrF ({halves['sentences']:,} training pairs it did not)",
-             *[half(r, "new") for r in runs]]]
+    def recipe(run: dict) -> str:
+        if "init_from" not in run["command"]:
+            return ""
+        values = dict(FINETUNE_BASE)
+        values.update(word.split("=", 1) for word in run["command"].split()
+                      if word.startswith("finetune."))
+        return " / ".join(values[k] for k in FINETUNE_BASE)
+
+    base = ", ".join(f"`{k}: {v}`" for k, v in FINETUNE_BASE.items())
     lines = ["## Starting from a trained model: parent, fine-tune, from scratch", "",
-             f"{ct['what']} CPU: {ct['cpu']}; {ct['date']}, code at `{ct['commit']}`. The "
-             f"fine-tune recipe was chosen by the rule in docs/experiments.md, written before "
-             f"the runs. Old and new halves: `{halves['command']}`.", ""]
-    lines += table(["measure", *[r["name"] for r in runs]], rows)
-    return lines + [line for note in ct["notes"] for line in (note, "")]
+             "(a) a parent trained on a seeded half of the training sources; (b) to (b5) it "
+             "fine-tuned on all of them; (c) trained from scratch on all of them. The "
+             f"fine-tunes' commands override a finetune section of {base}. Each in a clone "
+             "with `download.url` a local copy of cmn-eng.zip. "
+             f"CPU: {ct['cpu']}; code at `{ct['commit']}`. Old half: "
+             f"{halves['sentences']:,} training pairs the parent saw; new half: "
+             f"{halves['sentences']:,} it did not (`{halves['command']}`). Raw numbers, with "
+             f"per-epoch curves: {cite(source)}.", ""]
+    lines += table(
+        ["run", "command", "finetune lr / warmup / epochs", "pairs", "epochs, steps",
+         "train min", "tokens/s", "valid BLEU", "test BLEU", "chrF", ">= 10 words",
+         "old half BLEU / chrF", "new half BLEU / chrF"],
+        [[r["name"], f"`{r['command']}`", recipe(r), f"{r['train_pairs']:,}",
+          f"{r['epochs']}, {r['steps']:,}", r["train_minutes"], f"{r['tokens_per_s']:,.0f}",
+          r["valid_bleu"], f"**{r['test']['bleu']}**", r["test"]["chrf"],
+          r["test"]["bleu_ge10w"], half(r, "old"), half(r, "new")] for r in runs])
+    by = {r["name"].split()[0]: r for r in runs}
+    if {PARENT_RUN, FINETUNE_RUN, SCRATCH_RUN} <= by.keys():
+        a, b, c = by[PARENT_RUN], by[FINETUNE_RUN], by[SCRATCH_RUN]
+        speeds = [r["tokens_per_s"] for r in runs]
+        lines += [f"params.yaml's `finetune` section is {FINETUNE_RUN}'s recipe, so today "
+                  "`dvc exp run -S train.init_from=<parent>` runs it: test BLEU "
+                  f"{b['test']['bleu']} against the from-scratch run's {c['test']['bleu']} "
+                  f"({b['test']['bleu'] - c['test']['bleu']:+.2f}) in "
+                  f"{b['train_minutes'] / c['train_minutes']:.1%} of its training minutes and "
+                  f"{b['steps'] / c['steps']:.1%} of its steps; it kept the old half "
+                  f"({b['halves']['old']['bleu']}, the parent {a['halves']['old']['bleu']}) and "
+                  f"fitted the new one ({b['halves']['new']['bleu']}, from scratch "
+                  f"{c['halves']['new']['bleu']}). The other fine-tunes were tried and not kept. "
+                  "Minutes are the train stage's step time; the same CPU kind ran at "
+                  f"{min(speeds):,.0f}–{max(speeds):,.0f} tokens/s across these runs, so steps "
+                  "compare exactly and minutes only roughly. The halves are training pairs: "
+                  "they measure fitting; the test columns decide.", ""]
+    return lines
 
 
-def translation_speed(speed: dict) -> list[str]:
+def translation_speed(speed: dict, source: str) -> list[str]:
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in speed["rows"]
             if r["system"] == "torch-nocache"}
-    lines = ["## Translation speed", "", f"{speed['what']}. `{speed['command']}` at commit "
-             f"`{speed['commit']}` ({speed['date']}).", ""]
+    lines = ["## Translation speed", "",
+             f"{speed['what']}. `{speed['command']}` at `{speed['commit']}` on a 2-core CPU "
+             f"(its model was not recorded). Raw numbers: {cite(source)}. The engines of "
+             "today's default model, side by side: [engines.md](engines.md).", ""]
     lines += table(
         ["system", "threads", "beam", "batch", "sent/s", "x PyTorch without cache"],
         [[r["system"], r["threads"], r["beam"], r["batch"], r["sent_s"],
@@ -292,7 +366,8 @@ def samples(bench: Path, title: str, judged: str, sentences: str) -> list[str]:
     lines = [f"## {title}", "",
              f"Sentences written for this page (`docs/{sentences}`, not from the corpus), "
              "translated by the default run's model: `python -m src.infer --onnx "
-             f"models/model.onnx --input docs/{sentences}` (beam 4).", ""]
+             f"models/model.onnx --input docs/{sentences}` (beam 4); verdicts in "
+             f"{cite(judged)}.", ""]
     lines += table(["English", "model output", "verdict"],
                    [[r["english"], r["model_output"], r["verdict"]] for r in rows])
     return lines
@@ -311,28 +386,27 @@ def render(docs: Path = DOCS) -> str:
         "<!-- Generated by `python scripts/results.py` from docs/experiments.jsonl and "
         "docs/benchmarks/; edit those, not this file. -->",
         "",
-        "Measured on a 2-core CPU machine without a GPU. Every table names the command behind "
-        "its numbers; the raw rows are in `docs/experiments.jsonl` and `docs/benchmarks/`.",
-        "",
-        "Precision and CPU: every training run before 2026-11-26 (the default run, the ablation "
-        "and pair rows) trained in fp32, as training had no other precision on a CPU then; their "
-        "CPU was not recorded per row (the machines were Intel Xeons with AMX lately, AMD EPYCs "
-        "before). Tables measured since name theirs.",
+        "Measured on 2-core CPU machines without a GPU. Every table names the command behind "
+        "its numbers, the CPU, and the file they come from: `docs/experiments.jsonl` (the "
+        "experiment rows) or a file under `docs/benchmarks/`. The ablation and pair rows "
+        "trained in fp32 on 2-core Intel Xeon or AMD EPYC machines (the CPU was not recorded "
+        "per row).",
         "",
     ]
-    runs = [load_json(bench, "default_run.json")] + [
-        load_json(bench, p.name) for p in sorted(bench.glob("default_run_*.json"))]
-    lines += default_run(runs, load_json(bench, "decoding.json"), by_name)
-    lines += training_speed_by_precision(load_json(bench, "train_speed.json"))
-    lines += training_speed(load_json(bench, "peer_train.json"))
-    lines += translation_speed(load_json(bench, "infer_speed.json"))
-    lines += continuous_training(load_json(bench, "continuous_training.json"))
-    lines += full_rows(full)
+    lines += default_run([load_json(bench, BENCHMARKS["default"])], BENCHMARKS["default"])
+    lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), by_name,
+                              BENCHMARKS["decoding"])
+    speed = sittings(load_json(bench, BENCHMARKS["train_speed"]))
+    lines += training_speed_by_precision(speed[-1], speed[:-1], BENCHMARKS["train_speed"])
+    lines += peer_quality(load_json(bench, BENCHMARKS["peer"]), BENCHMARKS["peer"])
+    lines += translation_speed(load_json(bench, BENCHMARKS["infer"]), BENCHMARKS["infer"])
+    lines += continuous_training(load_json(bench, BENCHMARKS["continuous"]),
+                                 BENCHMARKS["continuous"])
+    lines += full_rows(full, by_name)
     lines += short_rows(short)
     lines += pair_rows(pairs)
-    lines += samples(bench, "Sample translations", "sample_translations.tsv",
-                     "sample_sentences.en")
-    lines += samples(bench, "Longer sentences", "long_translations.tsv", "long_sentences.en")
+    lines += samples(bench, "Sample translations", BENCHMARKS["samples"], "sample_sentences.en")
+    lines += samples(bench, "Longer sentences", BENCHMARKS["long"], "long_sentences.en")
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -39,15 +39,15 @@ from src.data.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with,
 from src.graph import onnx_graph, score_graph
 from src.graph.verify import write_verified
 from src.nmt import checkpoint
-from src.runtime import generation
-from src.training.parent import parent_record, parent_tags
+from src.runtime import contract, sessions
+from src.training.init_from import parent_record, parent_tags
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 def model_metadata(model, tok: Tokenizers, cfg: ExportParams, tokenizer_dir: Path) -> dict:
     """Everything `src.infer` needs beside the graph, stored as metadata_props."""
     return {
-        "format": generation.GRAPH_FORMAT,
+        "format": contract.GRAPH_FORMAT,
         "pad_id": PAD, "unk_id": UNK, "bos_id": BOS, "eos_id": EOS,
         "source_lang": tok.source_lang,
         "target_lang": tok.target_lang,
@@ -56,7 +56,7 @@ def model_metadata(model, tok: Tokenizers, cfg: ExportParams, tokenizer_dir: Pat
         "max_output_tokens": model.max_positions - 1,
         "max_length_ratio": cfg.max_length_ratio,
         "beam_size": cfg.beam_size, "length_penalty": cfg.length_penalty,
-        **generation.tokenizer_metadata(tokenizer_dir),
+        **sessions.tokenizer_metadata(tokenizer_dir),
     }
 
 

@@ -32,9 +32,8 @@ from src.core.atomic import write_text
 from src.core.cli import run_cli
 from src.core.errors import PipelineError
 from src.core.text import iter_lines, read_lines
+from src.runtime.contract import MAX_BEAM
 from src.runtime.generation import (
-    DEFAULT_THREADS,
-    MAX_BEAM,
     Scored,
     TextTranslator,
     Translator,
@@ -42,6 +41,7 @@ from src.runtime.generation import (
     load_translator,
 )
 from src.runtime.placement import CPU
+from src.runtime.sessions import DEFAULT_THREADS
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

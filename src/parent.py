@@ -5,11 +5,17 @@
 `train.init_from` is empty (random weights: models/parent/parent.json says so and nothing
 else is written), a model.pt of ours with its tokenizer/ beside it, or a registered version
 (`models:/nmt-en-zh@champion`, `models:/nmt-en-zh/3`), whose run holds the weights it was
-exported from. dvc.yaml marks this stage always_changed: every `dvc repro` asks the registry
-again, so a moved alias re-runs tokenize and train, and an unmoved one writes the same bytes
-(nothing downstream re-runs). Refused in one line, with nothing written: a file that is not a
-checkpoint of ours, a name, alias or version the registry lacks, an unreachable tracking store,
-a model of another language pair.
+exported from. DVC runs this stage when `train.init_from` (or this code) changes, like any
+other: the file or alias is read then, and parent.json records what it resolved to (the
+version, the sha256 of the weights), as download records a Hub branch's commit. An alias that
+moves later is not seen until it is read again:
+
+    dvc repro -f -s parent && dvc repro    # read train.init_from again; retrain if it moved
+
+So the default pays nothing, and an alias the pipeline moves itself (export points
+`candidate` at each new version) never feeds back into the next `dvc repro`. Refused in one
+line, with nothing written: a file that is not a checkpoint of ours, a name, alias or version
+the registry lacks, an unreachable tracking store, a model of another language pair.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from src.core.cli import run_cli
 from src.core.errors import PipelineError
 from src.core.params import PairParams, TrainParams, load_params
 from src.data.subword import load_tokenizers, tokenizer_digest
-from src.training.parent import RECORD
+from src.training.init_from import RECORD
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -112,7 +118,8 @@ def main(out_dir: Path = typer.Option(paths.PARENT, help="Folder to write.")) ->
         return
     version = f" = {record['name']} version {record['version']}" if "version" in record else ""
     print(f"parent: {record['init_from']}{version}, model.pt sha256 {record['sha256'][:12]}, "
-          f"{record['source_lang']}->{record['target_lang']}")
+          f"{record['source_lang']}->{record['target_lang']} (read now; a later change is "
+          f"read by `dvc repro -f -s parent`)")
 
 
 if __name__ == "__main__":

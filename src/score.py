@@ -24,7 +24,7 @@ from src.core.cli import run_cli
 from src.core.errors import PipelineError
 from src.core.text import read_lines
 from src.runtime.forced import PairScore, load_scorer
-from src.runtime.generation import DEFAULT_THREADS
+from src.runtime.sessions import DEFAULT_THREADS
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 FORMATS = ("tsv", "jsonl")

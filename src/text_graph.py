@@ -1,5 +1,5 @@
 """text_graph: write a text-in, text-out twin of an exported model with other default search
-settings (the library is src/graph/text_graph.py; export writes the default twins itself)."""
+settings (the library is src/graph/text_twin.py; export writes the default twins itself)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import typer
 
 from src.core.atomic import atomic_path
 from src.core.cli import run_cli
-from src.graph.text_graph import wrap_file
-from src.runtime.generation import MAX_BEAM
+from src.graph.text_twin import wrap_file
+from src.runtime.contract import MAX_BEAM
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -39,7 +39,7 @@ from src.data.subword import (
     load_tokenizers,
     tokenizer_digest,
 )
-from src.training.parent import parent_record, reuse_tokenizer
+from src.training.init_from import parent_record, reuse_tokenizer
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -33,7 +33,7 @@ from src.core.errors import require_file
 from src.core.params import FinetuneParams, ModelParams, TrainParams, load_params
 from src.training import distributed
 from src.training.fit import train
-from src.training.parent import finetune_recipe
+from src.training.init_from import finetune_recipe
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -91,7 +91,7 @@ def test_the_text_graph_decodes_as_python_does(byte_model, sp):
     ort = pytest.importorskip("onnxruntime")
     from onnxruntime_extensions import get_library_path
 
-    from src.graph.text_graph import CONTRIB_DOMAIN, _decode_nodes
+    from src.graph.text_twin import CONTRIB_DOMAIN, _decode_nodes
 
     nodes, consts = _decode_nodes(byte_model)
     graph = helper.make_graph(

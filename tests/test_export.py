@@ -25,11 +25,11 @@ from toy_corpus import toy_pairs
 from src.data.batching import clip_source, make_batch, pad
 from src.data.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
 from src.graph import onnx_graph
-from src.graph.text_graph import OPTIONAL_SEARCH_INPUTS
+from src.graph.text_twin import OPTIONAL_SEARCH_INPUTS
 from src.nmt import checkpoint
 from src.nmt.model import ModelConfig, Transformer
 from src.nmt.search import beam_search, greedy_search, max_output_length
-from src.runtime import batch_graph, generation, operator_graph, placement
+from src.runtime import batch_graph, contract, generation, operator_graph, placement, sessions
 
 pytestmark = pytest.mark.slow
 MAX_POSITIONS = 48
@@ -178,13 +178,13 @@ def test_metadata_and_inputs_follow_the_contract(project):
     assert {k: meta[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")} == \
         {"pad_id": "0", "unk_id": "1", "bos_id": "2", "eos_id": "3"}
     assert (meta["source_lang"], meta["target_lang"]) == ("en", "zh")
-    assert meta["format"] == generation.GRAPH_FORMAT
-    assert set(generation.METADATA_KEYS) <= set(meta)  # all the readers' keys are written
+    assert meta["format"] == contract.GRAPH_FORMAT
+    assert set(contract.METADATA_KEYS) <= set(meta)  # all the readers' keys are written
     assert int(meta["max_source_tokens"]) == MAX_POSITIONS
-    assert meta["source_tokenizer_sha256"] == generation.sha256(
+    assert meta["source_tokenizer_sha256"] == sessions.sha256(
         project / "models/tokenizer/source.model")
     assert [i.name for i in sess.get_inputs()] == [  # ORT-standard, then our own switch
-        *generation.SEARCH_INPUTS, generation.SCORE_SWITCH]
+        *contract.SEARCH_INPUTS, contract.SCORE_SWITCH]
 
 
 def decoder_subgraph(path: Path) -> tuple[onnx.GraphProto, dict[str, list[int]]]:
@@ -244,9 +244,9 @@ def test_greedy_and_beam_match_pytorch_in_every_batch_shape(project):
         for start in range(0, 10 if size == 1 else len(rows), size):
             src = pad([clip_source(r, MAX_POSITIONS) for r in rows[start: start + size]])
             max_len = max_output_length(src, 2.0, model)
-            got = generation.run_search(sess, src.numpy(), max_len, 1, 1.0)
+            got = contract.run_search(sess, src.numpy(), max_len, 1, 1.0)
             assert got == greedy_search(model, src, max_len)  # token for token
-            got = generation.run_search(sess, src.numpy(), max_len, 3, 1.0)
+            got = contract.run_search(sess, src.numpy(), max_len, 3, 1.0)
             same_beam += sum(a == b for a, b in zip(got, beam_search(model, src, 3, max_len)))
             total += len(got)
     assert total == 10 + 2 * len(rows)
@@ -258,7 +258,7 @@ def test_max_length_cuts_output_like_pytorch(project):
     sess = session(project / "models/model.onnx")
     src = pad([[10, 11, 12, 3], [13, 3]])
     for max_len in (1, 3):
-        assert generation.run_search(sess, src.numpy(), max_len, 1, 1.0) == \
+        assert contract.run_search(sess, src.numpy(), max_len, 1, 1.0) == \
             greedy_search(model, src, max_len)
 
 
@@ -285,10 +285,10 @@ def test_search_loop_decodes_as_the_beamsearch_operator_and_pytorch(project, tmp
             src = pad([clip_source(r, MAX_POSITIONS) for r in sources[start: start + 16]])
             max_len = max_output_length(src, 2.0, model)
             for beam, min_length in ((1, 0), (1, max_len + 1), (3, 0), (3, 4)):
-                feeds = generation.search_feeds(src.numpy(), max_len, beam, 1.0)
+                feeds = contract.search_feeds(src.numpy(), max_len, beam, 1.0)
                 # + 1 above: the BOS start token counts (a new array: the feeds' own are shared)
                 feeds["min_length"] = np.array([min_length], np.int32)
-                loop, operator = (generation.parse_sequences(sessions[k].run(None, feeds)[0], 0)
+                loop, operator = (contract.parse_sequences(sessions[k].run(None, feeds)[0], 0)
                                   for k in ("loop", "operator"))
                 if beam == 1:
                     assert loop == operator, (name, start, min_length)
@@ -297,9 +297,9 @@ def test_search_loop_decodes_as_the_beamsearch_operator_and_pytorch(project, tmp
                     same_beam += sum(a == b for a, b in zip(loop, operator))
                     total_beam += len(loop)
             if name == "fp32":
-                assert generation.run_search(sessions["loop"], src.numpy(), max_len, 1, 1.0) \
+                assert contract.run_search(sessions["loop"], src.numpy(), max_len, 1, 1.0) \
                     == greedy_search(model, src, max_len)
-                got = generation.run_search(sessions["loop"], src.numpy(), max_len, 3, 1.0)
+                got = contract.run_search(sessions["loop"], src.numpy(), max_len, 3, 1.0)
                 assert got == beam_search(model, src, 3, max_len), start
     assert same_beam >= 0.95 * total_beam
 
@@ -313,15 +313,15 @@ def test_the_search_loop_returns_pytorchs_n_best_lists(project):
 
     model, _ = checkpoint.load_model(project / "models/model.pt")
     sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])[:32]
-    loop = generation.open_batch_session(project / "models/model.onnx", "cpu", 1)
+    loop = sessions.open_batch_session(project / "models/model.onnx", "cpu", 1)
     assert loop is not None
     compared = 0
     for start in range(0, len(sources), 16):
         src = pad([clip_source(r, MAX_POSITIONS) for r in sources[start: start + 16]])
         for max_len in (max_output_length(src, 2.0, model), 3):
             for n_best in (1, 2, 3):
-                lists = generation.run_search_scored(loop, src.numpy(), max_len, 3, 1.0, 0,
-                                                     n_best=n_best)
+                lists = contract.run_search_scored(loop, src.numpy(), max_len, 3, 1.0, 0,
+                                                   n_best=n_best)
                 expected = beam_search(model, src, 3, max_len, 1.0, n_best=n_best)
                 for hyps, want in zip(lists, expected):
                     assert [h.ids for h in hyps] == [ids for ids, _ in want]
@@ -340,12 +340,12 @@ def test_every_search_refuses_more_hypotheses_than_beams(project, beams, batch):
     session = ort.InferenceSession(str(project / "models/model.onnx"),
                                    providers=["CPUExecutionProvider"])
     src = np.array([[40, 41, 42, 3]] * batch, np.int32)
-    feeds = generation.search_feeds(src, 5, beams, 1.0, n_best=beams + 1)
+    feeds = contract.search_feeds(src, 5, beams, 1.0, n_best=beams + 1)
     # the operator's own message, or the node that refuses it for the Loops
     refusal = "num_return_sequences" if batch == 1 else onnx_graph.RETURNS_CHECK
     with pytest.raises(Exception, match=refusal):
         session.run(["sequences"], feeds)
-    feeds = generation.search_feeds(src, 5, beams, 1.0, n_best=beams)
+    feeds = contract.search_feeds(src, 5, beams, 1.0, n_best=beams)
     (sequences,) = session.run(["sequences"], feeds)
     assert sequences.shape[:2] == (batch, beams)
 
@@ -392,9 +392,9 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     text = isinstance(translator, generation.TextTranslator)
     if not text:
         assert translator.session_for(7, n_best=2) is batch_session
-        written = translator.meta.pop(generation.N_BEST_BATCHES)  # as in an older file
+        written = translator.meta.pop(contract.N_BEST_BATCHES)  # as in an older file
         assert translator.session_for(7, n_best=2) is translator.session
-        translator.meta[generation.N_BEST_BATCHES] = written
+        translator.meta[contract.N_BEST_BATCHES] = written
     with monkeypatch.context() as patch:  # the file as written, not its operator alone
         patch.setattr(generation, "open_operator_session", lambda *_, **__: None)
         whole = generation.load_translator(path, threads=1)
@@ -420,7 +420,7 @@ def test_no_room_for_the_batch_search_is_a_warning_and_the_file_as_written(proje
                                                                           monkeypatch):
     import contextlib
 
-    monkeypatch.setattr(generation.tempfile, "TemporaryDirectory", lambda **_: (
+    monkeypatch.setattr(sessions.tempfile, "TemporaryDirectory", lambda **_: (
         contextlib.nullcontext(str(tmp_path / "gone"))))  # writing there fails
     warnings: list[str] = []
     translator = generation.load_translator(project / "models/model.int8.onnx", threads=1,
@@ -478,7 +478,7 @@ def test_one_sentence_is_searched_by_the_operator_alone_and_translates_the_same(
     assert "BeamSearch" in ops and "Loop" not in ops  # the operator alone, not the file
     file_metadata = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert translator.meta == file_metadata  # read from the session, as from the file
-    whole = generation.Translator(generation.open_session(path, "cpu", 1),
+    whole = generation.Translator(sessions.open_session(path, "cpu", 1),
                                   translator.meta, translator.source, translator.target)
     for beam in (1, 3):
         for n_best in (1, 2) if beam > 1 else (1,):
@@ -491,14 +491,14 @@ def test_a_text_twin_keeps_its_own_session(project):
     """The text twin's search sits between its tokenizer nodes: it is not cut."""
     path = project / "models/model.text.onnx"
     assert operator_graph.operator_only(path.read_bytes()) is None
-    assert generation.open_operator_session(path, "cpu", 1) is None
+    assert sessions.open_operator_session(path, "cpu", 1) is None
 
 
 def test_an_operator_only_file_searches_batches_with_its_own_session(project):
     """The fp16 file's batches are the operator's (no Loop beside it): nothing to cut."""
     assert batch_graph.without_operator((project / "models/model.fp16.onnx").read_bytes()) \
         is None
-    opened = generation.open_batch_session(project / "models/model.fp16.onnx", "cpu", 1)
+    opened = sessions.open_batch_session(project / "models/model.fp16.onnx", "cpu", 1)
     assert opened is None
 
 
@@ -651,7 +651,7 @@ def test_onnx_search_bans_pad_bos_unk_like_pytorch(tmp_path):
     path = tmp_path / "rigged.onnx"
     onnx.save(onnx_graph.assemble(*onnx_graph.export_subgraphs(model, 18), {}), path)
     src = pad([[7, 8, 9, 3], [10, 3]])
-    got = generation.run_search(session(path), src.numpy(), 6, 1, 1.0)
+    got = contract.run_search(session(path), src.numpy(), 6, 1, 1.0)
     assert got == greedy_search(model, src, 6)
     assert all(tok not in (0, BOS, UNK) for row in got for tok in row) and got[0]
 
@@ -862,7 +862,7 @@ def test_text_model_takes_strings_and_returns_strings(project):
     assert [(i.name, i.type.WhichOneof("value")) for i in graph.input] == [
         ("text", "tensor_type"), ("num_beams", "tensor_type"),
         ("num_return_sequences", "tensor_type"), ("length_penalty", "tensor_type"),
-        (generation.SCORE_SWITCH, "optional_type")]
+        (contract.SCORE_SWITCH, "optional_type")]
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.STRING
     defaults = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in graph.initializer}
     # left out: the export's search, one hypothesis
@@ -874,9 +874,9 @@ def test_text_model_takes_strings_and_returns_strings(project):
     assert ops[0] == "SentencepieceTokenizer" and "If" in ops and "Loop" in ops
     assert onnx_graph.beam_search_node(graph).op_type == "BeamSearch"
     meta = {p.key: p.value for p in model.metadata_props}
-    assert meta["format"] == generation.TEXT_FORMAT and meta["beam_size"] == "3"
-    assert meta[generation.TEXT_OUTPUTS] == "translation,score,translations,scores"
-    assert meta[generation.TEXT_INPUTS] == "num_beams,length_penalty,num_return_sequences"
+    assert meta["format"] == contract.TEXT_FORMAT and meta["beam_size"] == "3"
+    assert meta[contract.TEXT_OUTPUTS] == "translation,score,translations,scores"
+    assert meta[contract.TEXT_INPUTS] == "num_beams,length_penalty,num_return_sequences"
     assert defaults["length_penalty"] == pytest.approx([float(meta["length_penalty"])])
 
 
@@ -969,7 +969,7 @@ def test_text_parity_fails_when_the_text_model_decodes_differently(project, tmp_
     """A text model wrapped with another target SentencePiece model must be refused."""
     from src.core.errors import PipelineError
     from src.core.params import ExportParams, load_params
-    from src.graph.text_graph import wrap_file
+    from src.graph.text_twin import wrap_file
     from src.graph.verify import text_parity
 
     models = project / "models"
@@ -1008,8 +1008,8 @@ def test_ctranslate2_conversion_translates_as_our_model(project, tmp_path, beam)
     got = []
     for line in sources:
         tokens = sp.encode(line, out_type=str) + ["</s>"]
-        new = generation.max_new_tokens(len(tokens), float(ours.meta["max_length_ratio"]),
-                                        int(ours.meta["max_output_tokens"]))
+        new = contract.max_new_tokens(len(tokens), float(ours.meta["max_length_ratio"]),
+                                      int(ours.meta["max_output_tokens"]))
         result = translator.translate_batch([tokens], **ct2_options(
             pieces(sp), beam, new, float(ours.meta["length_penalty"])))
         got.append(sp.decode(result[0].hypotheses[0]))
@@ -1190,7 +1190,7 @@ def test_scores_are_pytorchs_for_greedy_and_beam_in_every_search(project, tmp_pa
                 src = pad([clip_source(r, MAX_POSITIONS) for r in sources[start: start + size]])
                 max_len = max_output_length(src, 2.0, model)
                 for beam in (1, 3):
-                    got = generation.run_search_scored(sess, src.numpy(), max_len, beam, 1.0, 0)
+                    got = contract.run_search_scored(sess, src.numpy(), max_len, beam, 1.0, 0)
                     want = beam_search(model, src, beam, max_len, 1.0, with_scores=True)
                     for (hyp, *_), (ids, score) in zip(got, want):
                         if hyp.ids == ids:
@@ -1209,12 +1209,12 @@ def test_a_batch_asked_for_no_scores_skips_them_and_decodes_the_same(project):
     model, _ = checkpoint.load_model(project / "models/model.pt")
     sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])[:16]
     src = pad([clip_source(r, MAX_POSITIONS) for r in sources])
-    feeds = generation.search_feeds(src.numpy(), max_output_length(src, 2.0, model), 1, 1.0)
+    feeds = contract.search_feeds(src.numpy(), max_output_length(src, 2.0, model), 1, 1.0)
     for name in ("model.onnx", "model.int8.onnx"):
         sess = session(project / "models" / name)
         default = sess.run(None, feeds)
-        on = sess.run(None, {**feeds, generation.SCORE_SWITCH: np.array([1], np.int32)})
-        off = sess.run(None, {**feeds, generation.SCORE_SWITCH: np.array([0], np.int32)})
+        on = sess.run(None, {**feeds, contract.SCORE_SWITCH: np.array([1], np.int32)})
+        off = sess.run(None, {**feeds, contract.SCORE_SWITCH: np.array([0], np.int32)})
         assert np.array_equal(default[0], off[0]) and np.array_equal(default[0], on[0])
         assert np.array_equal(default[1], on[1]) and (on[1] != 0).all()
         assert (off[1] == 0).all(), name
@@ -1230,7 +1230,7 @@ class FeedRecorder:
         return self.real.get_inputs()
 
     def run(self, names, feeds):
-        switch = feeds.get(generation.SCORE_SWITCH)
+        switch = feeds.get(contract.SCORE_SWITCH)
         self.switches.append(None if switch is None else int(switch[0]))
         return self.real.run(names, feeds)
 
@@ -1299,7 +1299,7 @@ def test_an_n_best_list_is_distinct_and_ordered_best_first(project):
     sess = session(project / "models/model.onnx")
     src = pad([clip_source(r, MAX_POSITIONS) for r in sources])
     max_len = max_output_length(src, 2.0, model)
-    lists = generation.run_search_scored(sess, src.numpy(), max_len, 3, 1.0, 0, n_best=3)
+    lists = contract.run_search_scored(sess, src.numpy(), max_len, 3, 1.0, 0, n_best=3)
     best = beam_search(model, src, 3, max_len, 1.0)
     assert {len(hyps) for hyps in lists} == {3}
     for hyps in lists:
@@ -1316,11 +1316,11 @@ def test_a_file_without_scores_still_translates(project, tmp_path):
     kept = [o for o in model.graph.output if o.name == "sequences"]
     del model.graph.output[:]
     model.graph.output.extend(kept)
-    inputs = [i for i in model.graph.input if i.name != generation.SCORE_SWITCH]
+    inputs = [i for i in model.graph.input if i.name != contract.SCORE_SWITCH]
     del model.graph.input[:]  # nor the score switch: a constant 1 in its place
     model.graph.input.extend(inputs)
     model.graph.initializer.append(onnx.helper.make_tensor(
-        generation.SCORE_SWITCH, onnx.TensorProto.INT32, [1], [1]))
+        contract.SCORE_SWITCH, onnx.TensorProto.INT32, [1], [1]))
     props = [p for p in model.metadata_props if p.key not in {"outputs", "confidence"}]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
@@ -1380,7 +1380,7 @@ def test_a_text_twin_without_n_best_lists_translates_and_refuses_them(project, t
     del model.graph.input[:]
     model.graph.input.extend(inputs)
     props = [p for p in model.metadata_props
-             if p.key not in (generation.TEXT_OUTPUTS, generation.TEXT_INPUTS)]
+             if p.key not in (contract.TEXT_OUTPUTS, contract.TEXT_INPUTS)]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     old = tmp_path / "old.text.onnx"
@@ -1536,3 +1536,25 @@ def test_score_refuses_bad_pairs_in_one_line(project, tmp_path, content, fragmen
                        str(project / "models/model.score.onnx"), "--output", str(out))
     assert_one_line_error(result, fragment)
     assert not out.exists()
+
+
+def test_the_translation_speed_benchmark_times_every_system_on_the_same_sentences(project,
+                                                                               tmp_path):
+    """scripts/benchmark_infer.py (docs/results.md's speed table) end to end on the tiny model:
+    one row per system x beam x batch, each over the sentences asked for."""
+    out = tmp_path / "infer_speed.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_infer.py"),
+         "--model", str(project / "models/model.pt"),
+         "--onnx", str(project / "models/model.onnx"),
+         "--int8", str(project / "models/model.int8.onnx"),
+         "--data", str(project / "data/tokenized"), "--threads", "1", "--beams", "1,2",
+         "--batches", "1,4", "--n", "8", "--n1", "3", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["system"], r["beam"], r["batch"], r["sentences"]) for r in rows] == [
+        (system, beam, batch, 3 if batch == 1 else 8)
+        for system in ("torch-nocache", "torch-cache", "onnx", "int8")
+        for beam in (1, 2) for batch in (1, 4)]
+    assert "| int8 | 1 | 2 | 4 |" in result.stdout  # the Markdown table results.md quotes

@@ -25,7 +25,7 @@ from toy_corpus import toy_tsv
 from src.core.errors import PipelineError
 from src.data.subword import load_tokenizers
 from src.nmt import checkpoint
-from src.training.parent import check_dims, finetune_recipe, parent_record
+from src.training.init_from import check_dims, finetune_recipe, parent_record
 from src.training.validation import validation_loss
 
 pytestmark = pytest.mark.slow

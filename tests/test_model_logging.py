@@ -81,6 +81,30 @@ def test_every_exported_file_is_logged_and_the_new_version_becomes_the_candidate
                                                           "n_best": 1, "return_scores": False})
 
 
+def test_logging_drops_mlflows_union_warning_and_only_it(tmp_path, recorder, monkeypatch, caplog):
+    """MLflow warns at every export that predict's output (a string, or an object) is a union
+    it cannot check; a user reading the repro's log can do nothing about it. Other warnings
+    from the same logger still come through."""
+    from typing import Any
+
+    from mlflow.types import type_hints
+
+    def log_model(**kwargs):
+        type_hints._infer_schema_from_list_type_hint(list[str | dict[str, Any]])  # the real one
+        logging.getLogger("mlflow.types.type_hints").warning("another warning")
+        return recorder.log_model(**kwargs)
+
+    monkeypatch.setattr(mlflow.pyfunc, "log_model", log_model)
+    d = export_dir(tmp_path, "model.onnx")
+    with caplog.at_level(logging.WARNING, logger="mlflow.types.type_hints"):
+        serving.log_model(d / "model.onnx", None, d / "tokenizer", "nmt-en-zh")
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]
+    # outside an export the filter is gone
+    with caplog.at_level(logging.WARNING, logger="mlflow.types.type_hints"):
+        type_hints._infer_schema_from_list_type_hint(list[str | dict[str, Any]])
+    assert "Union type hint" in caplog.records[-1].getMessage()
+
+
 @pytest.mark.parametrize("int8", ["none", "missing"])
 def test_absent_files_are_not_logged(tmp_path, recorder, int8):
     """Not asked for (None), or asked for but not written: int8 and fp16 alike."""

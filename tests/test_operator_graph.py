@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from src.runtime import batch_graph, generation, operator_graph
+from src.runtime import batch_graph, contract, operator_graph
 
 FLOAT, INT32 = TensorProto.FLOAT, TensorProto.INT32
 
@@ -72,8 +72,8 @@ def test_the_operator_alone_holds_the_weights_each_subgraph_reads():
     assert [n.op_type for n in alone.graph.node] == ["Equal", "Not", "Cast", "BeamSearch"]
     search = alone.graph.node[-1]
     inputs, outputs = operator_graph.search_names()
-    assert search.input == [*generation.SEARCH_INPUTS, "", "", "attention_mask"] == list(inputs)
-    assert search.output == list(generation.SEARCH_OUTPUTS) == list(outputs)
+    assert search.input == [*contract.SEARCH_INPUTS, "", "", "attention_mask"] == list(inputs)
+    assert search.output == list(contract.SEARCH_OUTPUTS) == list(outputs)
     assert tuple(alone.graph.node[0].input) == ("input_ids", "pad_id")
     assert alone.graph.node[2].output == [search.input[-1]]  # the mask it reads
     held = {name: {t.name: float(numpy_helper.to_array(t)[0]) for t in graph.initializer}

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -151,6 +152,9 @@ def test_repro_prints_no_python_warnings(project):
     assert [line for line in output.splitlines() if "Warning:" in line] == []
     # DVC warned "'data/raw/test.tsv' is empty." three times per run with no predefined test set
     assert [line for line in output.splitlines() if "is empty" in line] == []
+    # DVC's "No file hash info found for 'models/parent'", MLflow's "Union type hint is
+    # inferred as AnyType" at export: warnings a user can do nothing about
+    assert [line for line in output.splitlines() if "warning" in line.lower()] == []
 
 
 def test_each_epoch_is_one_line_of_the_log(project):
@@ -159,6 +163,17 @@ def test_each_epoch_is_one_line_of_the_log(project):
     epochs = [line for line in lines if line.startswith("epoch ")]
     assert len(epochs) == 2 and max(map(len, epochs)) > 80, epochs  # long enough to have wrapped
     assert all(line.endswith("tok/s") for line in epochs), epochs
+
+
+def test_a_log_that_is_not_a_terminal_shows_progress_between_epochs(project):
+    """DVC pipes train's output, where the progress bar draws nothing: a line every
+    train.log_every_steps (5) steps says where training is."""
+    lines = [line for line in (project.parent / "repro.log").read_text().splitlines()
+             if line.startswith("train: step ")]
+    steps = json.loads((project / "models/train_stats.json").read_text())["steps"]
+    assert len(lines) == steps // 5 and steps // 5 >= 2, lines
+    assert all(" tok/s, epoch ETA " in line for line in lines), lines
+    assert lines[0].startswith("train: step 5, epoch 1/2 batch 5/")
 
 
 def test_metrics_files_hold_only_headline_numbers(project):
@@ -340,14 +355,38 @@ def stages_run(out: str) -> set[str]:
 
 
 def test_second_repro_does_nothing(workspace):
-    """Only the parent stage asks again (always_changed: a registry alias may have moved); its
-    output is the same bytes, so nothing after it runs."""
+    """After a repro, `dvc status` is clean and a second repro runs no stage (the parent stage
+    was once always_changed and ran at every repro)."""
     before = len(mlflow_runs(workspace))
-    parent_json = (workspace / "models/parent/parent.json").read_bytes()
+    assert "Data and pipelines are up to date." in sh(workspace, "dvc", "status")
     out = sh(workspace, "dvc", "repro")
-    assert stages_run(out) == {"parent"}, out
-    assert (workspace / "models/parent/parent.json").read_bytes() == parent_json
+    assert stages_run(out) == set(), out
+    assert "Data and pipelines are up to date." in sh(workspace, "dvc", "status")
     assert len(mlflow_runs(workspace)) == before
+
+
+def test_an_alias_the_pipeline_moves_does_not_feed_back(workspace):
+    """Fine-tuning from `candidate`, the alias each export moves: the first repro resolves it
+    and trains; its export moves `candidate` to the new version, and the next repro must not
+    read it again (it once retrained at every repro: version 1 -> 2 -> 3). Reading the alias
+    again is asked for by name, and says what it found."""
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["train"]["init_from"] = "models:/nmt-en-zh@candidate"
+    params["train"]["max_steps"] = 3
+    (workspace / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = sh(workspace, "dvc", "repro")
+    assert {"parent", "train", "export"} <= stages_run(out), out
+    assert "parent: models:/nmt-en-zh@candidate = nmt-en-zh version 1" in out
+    assert "dvc repro -f -s parent" in out  # the one line says how to read it again
+    record = json.loads((workspace / "models/parent/parent.json").read_text())
+    assert record["version"] == "1"
+    out = sh(workspace, "dvc", "repro")
+    assert stages_run(out) == set(), out
+    assert "Data and pipelines are up to date." in sh(workspace, "dvc", "status")
+    # asked for: the alias is read again (now version 2, the first fine-tune's export)
+    out = sh(workspace, "dvc", "repro", "-f", "-s", "parent")
+    assert "nmt-en-zh version 2" in out
+    assert json.loads((workspace / "models/parent/parent.json").read_text())["version"] == "2"
 
 
 def test_train_change_reruns_only_train_and_later(workspace):
@@ -426,7 +465,7 @@ def test_dvc_remote_push_then_pull_restores_the_model(workspace, tmp_path):
     shutil.rmtree(workspace / "models/checkpoints")
     sh(workspace, "dvc", "pull")
     assert model.read_bytes() == expected
-    assert stages_run(sh(workspace, "dvc", "repro")) == {"parent"}  # nothing to retrain
+    assert stages_run(sh(workspace, "dvc", "repro")) == set()  # nothing to retrain
 
 
 def test_repro_logs_every_stage_to_a_tracking_server(workspace, tmp_path):
@@ -458,3 +497,19 @@ def test_repro_logs_every_stage_to_a_tracking_server(workspace, tmp_path):
             mlflow.set_registry_uri(before[1])
         assert (Path(model_dir) / "artifacts/model.onnx").read_bytes() == (
             workspace / "models/model.onnx").read_bytes()
+
+
+def test_the_train_step_benchmark_times_and_profiles_the_stages_own_step(project, tmp_path):
+    """scripts/benchmark_train_step.py (docs/training_speed.md's profile) on the reproduced
+    project: the train stage's batches and Trainer, one row per precision asked for."""
+    out = tmp_path / "steps.jsonl"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark_train_step.py"), "--precision", "fp32",
+         "--steps", "3", "--warmup", "1", "--epoch", "0", "--profile", "1", "--threads", "1",
+         "--out", str(out)],
+        cwd=REPO, env={**os.environ, "NMT_ROOT": str(project)}, capture_output=True,
+        text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (row["precision"], row["steps"], row["threads"], row["epoch"]) == ("fp32", 3, 1, 0)
+    assert "Self CPU" in result.stdout  # the profiler's table of the profiled step

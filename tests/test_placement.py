@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from src.core.errors import PipelineError
-from src.runtime import generation, placement
+from src.runtime import placement, sessions
 from src.runtime.placement import CPU, CUDA, FileKind
 
 FP32, INT8, FP16 = FileKind("fp32", False), FileKind("int8", False), FileKind("fp16", False)
@@ -198,7 +198,7 @@ def test_a_file_forced_onto_cuda_warns_about_the_nodes_left_on_the_cpu():
 
 
 def test_a_real_session_reports_its_placement(tmp_path):
-    session = generation.open_session(small_model(tmp_path / "m.onnx", {"format": "x"}), "cpu", 1)
+    session = sessions.open_session(small_model(tmp_path / "m.onnx", {"format": "x"}), "cpu", 1)
     assert placement.assignments(session) == Counter({(CPU, "Add"): 1})
     assert placement.describe(session) == "CPUExecutionProvider 1 node"
 
@@ -208,4 +208,4 @@ def test_an_fp16_file_is_refused_before_onnx_runtime_loads_it(tmp_path, monkeypa
     path = small_model(tmp_path / "model.fp16.onnx", {"format": "nmt-beamsearch-1",
                                                       "weights": "fp16"})
     with pytest.raises(PipelineError, match="^model.fp16.onnx runs on CUDA only"):
-        generation.open_session(path, "auto", 1)
+        sessions.open_session(path, "auto", 1)

@@ -3,7 +3,6 @@ what scripts/results.py renders from the raw rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -12,15 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -99,6 +92,40 @@ def test_row_notes_end_with_one_full_stop():
     results = load_script("results")
     rows = [{"name": "a", "note": "ran once."}, {"name": "b", "note": "ran twice"}, {"name": "c"}]
     assert results.row_notes(rows) == ["- a: ran once.", "- b: ran twice.", ""]
+
+
+def test_results_page_cites_every_file_it_reads(monkeypatch):
+    # An uncited file under docs/benchmarks/ is deleted, so the page names each file it reads.
+    results = load_script("results")
+    read = []
+    load_json = results.load_json
+    monkeypatch.setattr(results, "load_json", lambda bench, name: read.append(name)
+                        or load_json(bench, name))
+    page = results.render()
+    assert read and set(read) <= set(results.BENCHMARKS.values())
+    for name in results.BENCHMARKS.values():
+        assert (REPO / "docs/benchmarks" / name).exists(), name
+        assert f"`docs/benchmarks/{name}`" in page, name
+
+
+def test_results_table_shows_the_earlier_sittings_beside_the_last(tmp_path):
+    # A file of sittings renders its last one, each row with the same row's earlier figures.
+    results = load_script("results")
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+    path = docs / "benchmarks" / results.BENCHMARKS["train_speed"]
+    data = json.loads(path.read_text())
+    last = json.loads(json.dumps(data["sittings"][-1]))
+    last["commit"] = "abc1234"
+    for row in last["rows"]:
+        row["tokens_per_s"] = 1000 if row["system"].endswith("peer") else 1500
+    data["sittings"].append(last)
+    path.write_text(json.dumps(data))
+    section = results.render(docs).split("## Training speed by precision")[1].split("\n## ")[0]
+    assert "code at `abc1234`" in section
+    ours_fp32 = next(line for line in section.splitlines() if line.startswith("| ours | fp32"))
+    assert "| 1,500 | 1.50 |" in ours_fp32
+    assert "4,039 (1.13x), `8d46ed4`" in ours_fp32  # the sitting before it, beside it
 
 
 def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
@@ -255,14 +282,17 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
     data = tmp_path / "cmn.txt"
     data.write_text("Hi.\t嗨。\n")
     out = tmp_path / "train_speed.json"
+    sittings = tmp_path / "train_speed_sittings.json"
+    sittings.write_text(json.dumps({"sittings": [{"commit": "earlier"}]}))
     from typer.testing import CliRunner
 
     result = CliRunner().invoke(bench.app, [
         "--peer-script", str(peer), "--peer-python", sys.executable, "--peer-data", str(data),
         "--minutes", "0.5", "--set", "train.nproc_per_node=2", "--set", "train.threads=1",
-        "--json", str(out)])
+        "--json", str(out), "--append", str(sittings)])
     assert result.exit_code == 0, result.output
     sitting = json.loads(out.read_text())
+    assert json.loads(sittings.read_text()) == {"sittings": [{"commit": "earlier"}, sitting]}
     rows = sitting["rows"]
     assert [(r["system"], r["precision"], r["layout"], r["tokens_per_s"]) for r in rows] == [
         ("Hugging Face peer", "fp32", "1 x 2", 3000), ("ours", "fp32", "2 x 1", 4000),
@@ -344,28 +374,6 @@ def test_engine_benchmark_refuses_to_time_in_a_process_with_torch(tmp_path):
     assert result.stderr.strip() == ("error: refusing to time ctranslate2: torch is loaded in "
                                      "this process (it slows the engines; run each engine in a "
                                      "process of its own)")
-
-
-def test_engine_sittings_judge_each_cell_by_its_worst_sitting(tmp_path):
-    def sitting(name: str, cells: list[tuple]) -> Path:
-        rows = [{"kind": "quality"}] + [
-            {"kind": "speed", "precision": "int8", "beam": 1, "batch": 1, "threads": threads,
-             "ours_sent_per_s": ours, "ctranslate2_sent_per_s": theirs,
-             "ours_vs_ctranslate2": round(ours / theirs, 2)} for threads, ours, theirs in cells]
-        path = tmp_path / name
-        path.write_text(json.dumps({"rows": rows}))
-        return path
-
-    first = sitting("a.json", [(1, 330.0, 415.0), (2, 300.0, 57.0)])
-    second = sitting("b.json", [(1, 340.0, 170.0), (2, 350.0, 60.0)])
-    sittings = load_script("engine_sittings")
-    rows = [sittings.speed_rows(p) for p in (first, second)]
-    cells = sittings.cell_table(rows)
-    assert cells[2] == "| int8 1 1, 1 | 330.0 / 415.0 (0.8) | 340.0 / 170.0 (2.0) | 0.8 |"
-    best = sittings.best_thread_table(rows)
-    # each engine at its own faster thread count: ours 330 (1t) vs CTranslate2 415 (1t)
-    assert best[2] == ("| int8 1 1 | 330.0 (1t) / 415.0 (1t) (0.8) | "
-                       "350.0 (2t) / 170.0 (1t) (2.06) | 0.8 |")
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
-from src.runtime.generation import MAX_BEAM
+from src.runtime.contract import MAX_BEAM
 from src.runtime.serving import (
     MAX_CHARS,
     MAX_SENTENCES,

@@ -60,12 +60,7 @@ from src.graph import onnx_attention, row_norm, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
 from src.runtime.batch_graph import OPERATOR_OUTPUTS
-from src.runtime.generation import (
-    N_BEST_BATCHES,
-    SCORE_SWITCH,
-    SEARCH_INPUTS,
-    SEARCH_OUTPUTS,
-)
+from src.runtime.contract import N_BEST_BATCHES, SCORE_SWITCH, SEARCH_INPUTS, SEARCH_OUTPUTS
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph

@@ -23,7 +23,7 @@ from src.core.scoring import sentence_chrf
 from src.core.special_ids import EOS, PAD
 from src.data.batching import clip_source
 from src.data.subword import Tokenizers
-from src.graph import text_graph
+from src.graph import text_twin
 from src.nmt.search import (
     beam_search,
     greedy_search,
@@ -31,14 +31,15 @@ from src.nmt.search import (
     max_output_length,
     source_batch,
 )
-from src.runtime import confidence, generation, placement
+from src.runtime import confidence, contract, generation, placement, sessions
+from src.runtime.length_batches import length_batches
 
 SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
 
 
 def open_session(path: Path):
     """On the CPU, whatever the machine has: the parity check compares with PyTorch on CPU."""
-    return generation.open_session(path, "cpu", os.cpu_count() or 1)
+    return sessions.open_session(path, "cpu", os.cpu_count() or 1)
 
 
 def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
@@ -54,7 +55,7 @@ def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
                      cfg.beam_size),
         }
         for mode, (expected, beam) in runs.items():
-            got = generation.run_search(session, src.numpy(), max_len, beam, cfg.length_penalty)
+            got = contract.run_search(session, src.numpy(), max_len, beam, cfg.length_penalty)
             for i, want, have in zip(idx, expected, got):
                 same[mode] += want == have
                 if want != have and len(mismatches[mode]) < SHOWN_MISMATCHES:
@@ -67,17 +68,17 @@ def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
 
 def translate(session, sources: list[list[int]], texts: list[str], model, cfg: ExportParams):
     """Beam-search every source through the ONNX file in the batches `src.infer --input`
-    makes of the same text (`generation.length_batches` by source tokens: an int8 model's
+    makes of the same text (`length_batches` by source tokens: an int8 model's
     output depends on its batch), so the BLEU reported is the one a user gets; returns (ids
     in order, seconds)."""
     out: list[list[int]] = [[] for _ in sources]
     lengths = {i: len(clip_source(ids, model.max_positions)) for i, ids in enumerate(sources)}
     start = time.perf_counter()
-    for idx in generation.length_batches(texts, cfg.batch_size, lengths):
+    for idx in length_batches(texts, cfg.batch_size, lengths):
         src = source_batch(sources, idx, model.max_positions)
         max_len = max_output_length(src, cfg.max_length_ratio, model)
-        for i, hyp in zip(idx, generation.run_search(session, src.numpy(), max_len,
-                                                     cfg.beam_size, cfg.length_penalty)):
+        for i, hyp in zip(idx, contract.run_search(session, src.numpy(), max_len,
+                                                   cfg.beam_size, cfg.length_penalty)):
             out[i] = hyp
     return out, time.perf_counter() - start
 
@@ -105,8 +106,8 @@ def calibrate(path: Path, model, tok: Tokenizers, valid, cfg: ExportParams
     for idx in length_sorted_batches(sources, cfg.batch_size):
         src = source_batch(sources, idx, model.max_positions)
         max_len = max_output_length(src, cfg.max_length_ratio, model)
-        hyps = generation.run_search_scored(session, src.numpy(), max_len, cfg.beam_size,
-                                            cfg.length_penalty, PAD)
+        hyps = contract.run_search_scored(session, src.numpy(), max_len, cfg.beam_size,
+                                          cfg.length_penalty, PAD)
         for i, (best, *_) in zip(idx, hyps):
             found[i] = (best, len(best.ids) + (len(best.ids) < max_len))
     texts = tok.decode_target([best.ids for best, _ in found])
@@ -137,8 +138,8 @@ def check_scorer(path: Path, model, part, cfg: ExportParams) -> dict:
                for ids in list(part["target_ids"])[: cfg.parity_sentences]]
     worst = 0.0
     for idx in length_sorted_batches(targets, cfg.batch_size):
-        src = generation.pad_rows([sources[i] for i in idx], PAD)
-        tgt = generation.pad_rows([targets[i] for i in idx], PAD)
+        src = contract.pad_rows([sources[i] for i in idx], PAD)
+        tgt = contract.pad_rows([targets[i] for i in idx], PAD)
         got = session.run([SCORE_OUTPUT], {SCORE_INPUTS[0]: src, SCORE_INPUTS[1]: tgt})[0]
         want = token_logprobs(model, torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
         worst = max(worst, float(np.abs(got - want).max()))
@@ -194,7 +195,7 @@ def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
     encoded = [reference.encode(s, i + 1) for i, s in enumerate(sentences)]
     mismatches = []
     lengths = {i: len(ids) for i, ids in enumerate(encoded)}
-    for idx in generation.length_batches(sentences, cfg.batch_size, lengths):
+    for idx in length_batches(sentences, cfg.batch_size, lengths):
         want = reference.run([encoded[i] for i in idx], cfg.beam_size, None)
         have = text.run([sentences[i] for i in idx])
         mismatches += [f"test row {i}: {w!r} vs text model {h!r}"
@@ -219,7 +220,7 @@ def fp16_problems(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> list[str]:
     model.onnx's (int32 ids, float penalties, int32 sequences), no float32 tensor may remain
     inside (BeamSearch on CUDA wants the decoder's logits and past/present in float16), and
     the metadata must be model.onnx's plus `weights: fp16` and `runs_on: cuda` (less
-    `generation.N_BEST_BATCHES`: its operator searches every batch)."""
+    `contract.N_BEST_BATCHES`: its operator searches every batch)."""
     problems = []
     for side in ("input", "output"):
         want = [v.SerializeToString() for v in getattr(fp32.graph, side)]
@@ -227,7 +228,7 @@ def fp16_problems(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> list[str]:
             problems.append(f"its graph {side}s differ from model.onnx's")
     meta = {p.key: p.value for p in fp16.metadata_props}
     expected = {**{p.key: p.value for p in fp32.metadata_props
-                   if p.key != generation.N_BEST_BATCHES}, "weights": "fp16", "runs_on": "cuda"}
+                   if p.key != contract.N_BEST_BATCHES}, "weights": "fp16", "runs_on": "cuda"}
     if meta != expected:
         differing = sorted(set(meta.items()) ^ set(expected.items()))
         problems.append(f"its metadata is not model.onnx's + weights/runs_on: {differing[:3]}")
@@ -267,7 +268,7 @@ def check_fp16(path: Path, fp16: onnx.ModelProto, fp32: onnx.ModelProto, model,
         print(f"export: model.fp16.onnx structure checked; parity skipped ({why_not}; it runs "
               f"on CUDA only: scripts/gpu_check.py checks it on a GPU)")
         return {"fp16_checked": "structure"}
-    result = check_parity(generation.open_session(path, "cuda"), model, sources, cfg)
+    result = check_parity(sessions.open_session(path, "cuda"), model, sources, cfg)
     return {"fp16_checked": "structure and parity on CUDA",
             **{f"fp16_{key}": value for key, value in result.items()}}
 
@@ -334,7 +335,7 @@ def write_verified(fp32, int8, paths_out: tuple[Path, Path], model, tok: Tokeniz
         for name, generation_tmp in written.items():
             final = onnx_path if name == "fp32" else int8_path
             text_tmp = stack.enter_context(atomic_path(paths.text_twin(final)))
-            text_graph.wrap_file(generation_tmp, tokenizer_dir, text_tmp)
+            text_twin.wrap_file(generation_tmp, tokenizer_dir, text_tmp)
             # equal on every sentence or export fails: what varies is how many were checked
             text_parity(generation_tmp, text_tmp, tokenizer_dir, sentences, cfg)
             result[f"{name}_text_checked"] = len(sentences)

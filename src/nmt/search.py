@@ -14,7 +14,7 @@ from torch import Tensor
 from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.data.batching import clip_source, pad
 from src.nmt.model import Transformer
-from src.runtime.generation import max_new_tokens
+from src.runtime.contract import max_new_tokens
 
 
 def max_output_length(src: Tensor, ratio: float, model: Transformer) -> int:

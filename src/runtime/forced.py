@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from src.core.errors import PipelineError
-from src.runtime import generation
+from src.runtime import contract, generation, sessions
 
 SCORE_FORMAT = "nmt-score-1"  # metadata `format` of the scoring file
 SCORE_INPUTS = ("source_ids", "target_ids")
@@ -35,7 +35,7 @@ class PairScore:
 class PairScorer(generation.LoadedModel):
     source: object  # sentencepiece.SentencePieceProcessor
     target: object
-    warn: Callable[[str], None] = generation.warn_stderr
+    warn: Callable[[str], None] = sessions.warn_stderr
 
     def ids(self, processor, text: str, limit: int, what: str, line_no: int) -> list[int]:
         ids = processor.encode(text)
@@ -58,8 +58,8 @@ class PairScorer(generation.LoadedModel):
         order = sorted(range(len(pairs)), key=lambda i: (len(encoded[i][1]), i))
         for start in range(0, len(order), batch_size):
             idx = order[start: start + batch_size]
-            feeds = {SCORE_INPUTS[0]: generation.pad_rows([encoded[i][0] for i in idx], pad),
-                     SCORE_INPUTS[1]: generation.pad_rows([encoded[i][1] for i in idx], pad)}
+            feeds = {SCORE_INPUTS[0]: contract.pad_rows([encoded[i][0] for i in idx], pad),
+                     SCORE_INPUTS[1]: contract.pad_rows([encoded[i][1] for i in idx], pad)}
             logprobs = self.session.run([SCORE_OUTPUT], feeds)[0]
             for row, i in enumerate(idx):
                 target = encoded[i][1]
@@ -70,12 +70,12 @@ class PairScorer(generation.LoadedModel):
 
 
 def load_scorer(model_path: Path, tokenizer_dir: Path | None = None, threads: int | None = None,
-                warn: Callable[[str], None] = generation.warn_stderr) -> PairScorer:
+                warn: Callable[[str], None] = sessions.warn_stderr) -> PairScorer:
     """The scoring file on the CPU and the tokenizer beside it (or `tokenizer_dir`), checked
     against the fingerprints recorded at export."""
     model_path = Path(model_path)
-    session = generation.open_session(model_path, "cpu", threads or generation.DEFAULT_THREADS,
-                                      warn)
+    session = sessions.open_session(model_path, "cpu", threads or sessions.DEFAULT_THREADS,
+                                    warn)
     meta = session.get_modelmeta().custom_metadata_map
     if meta.get("format") != SCORE_FORMAT:
         raise PipelineError(f"{model_path} is not a scoring model written by src.export "

@@ -24,6 +24,7 @@ from src.runtime.batch_graph import (
     joined,
     node_type_outputs,
 )
+from src.runtime.contract import SEARCH_INPUTS, SEARCH_OUTPUTS
 from src.runtime.proto_wire import LENGTH_DELIMITED, field_bytes, key, spans, varint
 
 GRAPH_NAME, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO = 2, 11, 12, 13  # GraphProto
@@ -37,10 +38,7 @@ PAD_CONSTANT = "pad_id"  # the main graph's PAD id, read by the source mask
 
 def search_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The operator's inputs (the file's search inputs in BeamSearch's order, then the mask)
-    and outputs: the files' contract, src/runtime/generation.py (imported here, not above:
-    that module imports this one)."""
-    from src.runtime.generation import SEARCH_INPUTS, SEARCH_OUTPUTS
-
+    and outputs: the files' contract (src/runtime/contract.py)."""
     return (*SEARCH_INPUTS, "", "", MASK), tuple(SEARCH_OUTPUTS)
 
 

@@ -19,6 +19,7 @@ With the default params a request gets a list of strings, as always. With `retur
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import shutil
 import tempfile
@@ -32,7 +33,8 @@ import mlflow.pyfunc
 
 from src.core.errors import PipelineError
 from src.core.paths import text_twin
-from src.runtime.generation import MAX_BEAM, load_translator
+from src.runtime.contract import MAX_BEAM
+from src.runtime.generation import load_translator
 
 CANDIDATE = "candidate"
 MAX_CHARS = 5_000  # per sentence: the model reads at most a few hundred tokens of it anyway
@@ -44,9 +46,10 @@ EXAMPLE = ["How are you?"]
 MODEL_CODE = ("__init__.py", "core/__init__.py", "core/errors.py", "core/paths.py",
               "core/special_ids.py",
               "data/__init__.py", "data/subword.py", "runtime/__init__.py",
-              "runtime/batch_graph.py", "runtime/confidence.py", "runtime/generation.py",
-              "runtime/mlflow_model.py", "runtime/operator_graph.py", "runtime/placement.py",
-              "runtime/proto_wire.py", "runtime/serving.py")
+              "runtime/batch_graph.py", "runtime/confidence.py", "runtime/contract.py",
+              "runtime/generation.py", "runtime/length_batches.py", "runtime/mlflow_model.py",
+              "runtime/operator_graph.py", "runtime/placement.py", "runtime/proto_wire.py",
+              "runtime/serving.py", "runtime/sessions.py")
 
 
 def bad_request(message: str):
@@ -217,6 +220,27 @@ def model_code() -> Iterator[Path]:
         yield Path(tmp, "src")
 
 
+class _WantedUnion(logging.Filter):
+    """predict answers one string per sentence, or one object per sentence where the request
+    asks for scores or n-best lists: a union of the two, which MLflow's signature cannot check
+    and says so in a warning at every export. We check requests ourselves (`search_params`):
+    the warning tells a user nothing, so it is dropped, and only it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Union type hint is inferred as AnyType")
+
+
+@contextmanager
+def union_warning_dropped() -> Iterator[None]:
+    logger = logging.getLogger("mlflow.types.type_hints")
+    dropped = _WantedUnion()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
+
+
 def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
               registered_name: str, fp16_path: Path | None = None) -> str:
     """Log the pyfunc into the active run, register it, point `candidate` at the new version;
@@ -234,7 +258,7 @@ def log_model(onnx_path: Path, int8_path: Path | None, tokenizer_dir: Path,
         if path is not None and text_twin(path).exists():
             artifacts[key] = str(text_twin(path))
     text_models = any(key.endswith("_text") for key in artifacts)
-    with model_code() as code:
+    with model_code() as code, union_warning_dropped():
         info = mlflow.pyfunc.log_model(
             name="translator",
             python_model=str(Path(__file__).with_name("mlflow_model.py")),

@@ -47,6 +47,21 @@ def progress_bar(show: bool = True) -> Progress:
     )
 
 
+def progress_line(step: int, epoch: str, done: int, usable: int, loss: float, tps: float,
+                  epoch_seconds: float, epoch_batches_done: int) -> str:
+    """The line a log that is not a terminal gets every `train.log_every_steps` steps, where
+    rich's bar shows nothing: step, loss, tokens/s and the epoch's ETA, from the pace of the
+    batches this epoch has run so far in this process (`epoch_batches_done` of them in
+    `epoch_seconds`; none yet: no ETA)."""
+    if epoch_batches_done > 0:
+        left = (usable - done) * epoch_seconds / epoch_batches_done
+        eta = f"epoch ETA {int(left // 60)} min {int(left % 60):02d} s"
+    else:
+        eta = "epoch ETA unknown"
+    return (f"train: step {step:,}, epoch {epoch} batch {done:,}/{usable:,}, loss {loss:.3f}, "
+            f"{tps:,.0f} tok/s, {eta}")
+
+
 def run_training(
     trainer: Trainer,
     corpus: TrainingCorpus,
@@ -65,6 +80,8 @@ def run_training(
     window_tokens, window_start = 0, time.perf_counter()
     with progress_bar(show=world.is_main) as bar:
         say = bar.console.print if world.is_main else (lambda *a, **k: None)
+        # nohup, CI, DVC: the bar draws nothing there, so a line every log_every_steps steps
+        log_lines = world.is_main and not bar.console.is_terminal
         task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
         while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
             pairs, target_tokens, epoch_batches, usable = epoch_plan(
@@ -76,6 +93,7 @@ def run_training(
                 epoch=f"{st.epoch + 1}/{cfg.epochs}",
             )
             step_start = time.perf_counter()
+            epoch_start = (st.train_seconds, st.batch_in_epoch)  # this process's share of it
             # The budget is checked before a step, so a resumed run never takes one too many.
             while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
                 if dvc_gone():  # `kill <dvc pid>`: stop as the signal would have (checkpoint kept)
@@ -117,6 +135,11 @@ def run_training(
                             {"train_loss": loss, "lr": lr, "tokens_per_s": tps}, step=st.step
                         )
                         bar.update(task, tps=tps)
+                        if log_lines:
+                            say(progress_line(st.step, f"{st.epoch + 1}/{cfg.epochs}",
+                                              st.batch_in_epoch, usable, loss, tps,
+                                              st.train_seconds - epoch_start[0],
+                                              st.batch_in_epoch - epoch_start[1]))
                     bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
                     if st.step % checkpoint_every_steps == 0:
                         trainer.save_last()

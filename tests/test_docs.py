@@ -1,0 +1,42 @@
+"""docs/benchmarks/ holds what the pages cite, and only that: every file there is named in full
+by the README or a page of docs/ (a pattern such as `_s<N>` names nothing), and every file a
+page names is there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "docs" / "benchmarks"
+# `docs/benchmarks/x.json` from anywhere, `benchmarks/x.json` in a link of a page in docs/
+CITATION = re.compile(r"(?<![\w/])(?:docs/)?benchmarks/([\w.\-]+\.[a-z]+)")
+
+
+def pages() -> dict[str, str]:
+    found = {"README.md": (REPO / "README.md").read_text(encoding="utf-8")}
+    for page in sorted((REPO / "docs").glob("*.md")):
+        found[f"docs/{page.name}"] = page.read_text(encoding="utf-8")
+    return found
+
+
+def cited(text: str) -> set[str]:
+    return set(CITATION.findall(text))
+
+
+def test_citations_are_found_only_by_their_full_name():
+    text = ("Raw rows: `docs/benchmarks/engines.json`; [table](benchmarks/gpu_check.json); "
+            "sittings engines_s<N>.json; docs/benchmarks/engines_s1-s3 and mybenchmarks/x.json")
+    assert cited(text) == {"engines.json", "gpu_check.json"}
+
+
+def test_every_benchmark_file_is_cited_by_a_page():
+    names = set().union(*(cited(text) for text in pages().values()))
+    uncited = sorted(p.name for p in BENCHMARKS.iterdir() if p.name not in names)
+    assert uncited == [], "files in docs/benchmarks/ that no page cites (delete them or cite them)"
+
+
+def test_every_cited_benchmark_file_exists():
+    missing = sorted(f"{page}: {name}" for page, text in pages().items()
+                     for name in cited(text) if not (BENCHMARKS / name).is_file())
+    assert missing == []
