@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import REPO, train_cfg
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.core.errors import PipelineError
 from src.data.augment import (
@@ -585,3 +586,96 @@ def test_a_log_that_is_not_a_terminal_gets_a_progress_line_with_the_epochs_eta()
     # resumed at batch 300, nothing run here yet: no pace to go by
     assert progress_line(1_200, "3/64", 300, 1_000, 4.5, 0.0, 0.0, 0).endswith(
         "epoch ETA unknown")
+
+
+class ProductShapes(TorchDispatchMode):
+    """Records the operand shapes of every matrix product run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in ("mm", "addmm"):
+            self.seen.append(tuple(tuple(a.shape) for a in args[-2:]))
+        return func(*args, **(kwargs or {}))
+
+
+def projection_and_loss(hidden0, weight0, labels, fused: bool, autocast: bool):
+    """Loss, NLL and the gradients of hidden and weight, through `projected_cross_entropy` or
+    through the linear layer and `label_smoothed_cross_entropy` it replaces; the products."""
+    from src.training.loss import label_smoothed_cross_entropy, projected_cross_entropy
+
+    hidden, weight = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+    with ProductShapes() as products:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            h = hidden.to(torch.bfloat16) if autocast else hidden
+            loss, nll = (projected_cross_entropy(h, weight, labels, 0.1, rows=8) if fused
+                         else label_smoothed_cross_entropy(F.linear(h, weight), labels, 0.1))
+        (loss / len(labels)).backward()
+    return loss.detach(), nll, hidden.grad, weight.grad, products.seen
+
+
+def test_the_projection_and_loss_in_chunks_give_the_unchunked_gradients_bit_for_bit():
+    """In fp32, `projected_cross_entropy` (37 rows in chunks of 8, the last one short) gives
+    the linear layer's and `label_smoothed_cross_entropy`'s gradients and NLL exactly, so an
+    fp32 run's weights do not change."""
+    torch.manual_seed(3)
+    args = torch.randn(37, 16), torch.randn(50, 16) * 0.3, torch.randint(0, 50, (37,))
+    loss0, nll0, gh0, gw0, _ = projection_and_loss(*args, fused=False, autocast=False)
+    loss1, nll1, gh1, gw1, _ = projection_and_loss(*args, fused=True, autocast=False)
+    assert torch.equal(gh0, gh1) and torch.equal(gw0, gw1)
+    assert torch.equal(nll0, nll1)
+    assert torch.allclose(loss0, loss1, rtol=1e-6)  # the smoothing sum, chunk by chunk
+
+
+def test_in_bf16_every_vocabulary_product_has_a_shape_that_repeats():
+    """In bf16 the rows are padded to whole chunks, so the products' shapes do not depend on
+    the step's token count (oneDNN builds a kernel per new shape); the gradients are the
+    unpadded ones' up to bf16 rounding, and the padded rows contribute nothing."""
+    torch.manual_seed(3)
+    shapes = set()
+    for n in (37, 35):
+        args = torch.randn(n, 16), torch.randn(50, 16) * 0.3, torch.randint(0, 50, (n,))
+        loss0, nll0, gh0, gw0, _ = projection_and_loss(*args, fused=False, autocast=True)
+        loss1, nll1, gh1, gw1, seen = projection_and_loss(*args, fused=True, autocast=True)
+        assert gh1.shape == gh0.shape and torch.allclose(gh0, gh1, rtol=0.02, atol=1e-4)
+        assert torch.allclose(gw0, gw1, rtol=0.02, atol=1e-4)
+        assert torch.allclose(nll0, nll1, rtol=1e-3)
+        shapes |= set(seen)
+    # forward and grad_hidden: 8 rows at a time; grad_weight: over the 40 padded rows
+    assert shapes == {((8, 16), (16, 50)), ((8, 50), (50, 16)), ((50, 40), (40, 16))}
+
+
+def test_a_bf16_training_linear_sees_rows_in_whole_buckets():
+    """`Linear` pads the rows (batch x length) to a multiple of ROW_BUCKET when training in bf16
+    on the CPU, so its products' shapes repeat; the output and the gradients are the plain
+    layer's. In evaluation, or in fp32, it runs the plain product on the rows as they are."""
+    from src.nmt.model import ROW_BUCKET, Linear
+
+    torch.manual_seed(5)
+    layer = Linear(16, 24)
+    x0 = torch.randn(3, 7, 16)  # 21 rows
+    results = {}
+    for bucketed in (False, True):
+        layer.zero_grad()
+        x = x0.clone().requires_grad_()
+        with ProductShapes() as products:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = layer(x) if bucketed else F.linear(x, layer.weight, layer.bias)
+            y.float().square().sum().backward()
+        results[bucketed] = (y.detach().float(), x.grad, layer.weight.grad.clone(),
+                             layer.bias.grad.clone(), products.seen)
+    plain, padded = results[False], results[True]
+    assert padded[0].shape == (3, 7, 24)
+    for a, b in zip(plain[:4], padded[:4]):
+        assert torch.allclose(a, b, rtol=0.02, atol=1e-3)
+    # forward, grad of the input, grad of the weight: all over ROW_BUCKET rows, not 21
+    assert set(padded[4]) == {((ROW_BUCKET, 16), (16, 24)), ((ROW_BUCKET, 24), (24, 16)),
+                              ((24, ROW_BUCKET), (ROW_BUCKET, 16))}
+    with ProductShapes() as products:
+        layer.eval()
+        layer(x0)
+        layer.train()
+        layer(x0)  # fp32
+    assert products.seen == [((21, 16), (16, 24))] * 2

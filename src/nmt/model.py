@@ -56,6 +56,32 @@ def matmul_input(x: Tensor) -> Tensor:
     return x
 
 
+# Training rows (batch x length) are padded to a multiple of this in bf16 on the CPU (`Linear`).
+ROW_BUCKET = 64
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` whose products see few distinct shapes when training in bf16 on the CPU.
+
+    oneDNN, which runs bf16 products there, builds a kernel for every new shape and keeps only
+    the last 1,024 (its primitive cache): the rows of a layer's input (batch x length) are new
+    almost every batch, and building a kernel took several times as long as running it (a
+    (1,200, 256) x (256, 256) product: ~1.6 ms to build, ~0.15 ms to run; docs/training_speed.md).
+    Padded with zeros to a multiple of ROW_BUCKET, the rows take a few dozen sizes, whose kernels
+    stay cached; padded rows give zero outputs, which are dropped, and add nothing to the weight
+    gradient. Elsewhere (fp32, GPU, evaluation, export) it is `nn.Linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (self.training and x.device.type == "cpu" and torch.is_autocast_enabled("cpu")):
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, x.shape[-1])  # (B*T, D_in)
+        n = rows.shape[0]
+        padded = -(-n // ROW_BUCKET) * ROW_BUCKET
+        if padded != n:
+            rows = F.pad(rows, (0, 0, 0, padded - n))
+        return F.linear(rows, self.weight, self.bias)[:n].view(*x.shape[:-1], -1)
+
+
 class Embeddings(nn.Module):
     """Token embedding * sqrt(d_model) + sinusoidal position, then dropout."""
 
@@ -93,10 +119,10 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.n_heads, self.d_head = n_heads, d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
         self.dropout = dropout
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -127,10 +153,10 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, ffn_dim: int, dropout: float):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d_model, ffn_dim),
+            Linear(d_model, ffn_dim),
             nn.ReLU(),
             Dropout(dropout),
-            nn.Linear(ffn_dim, d_model),
+            Linear(ffn_dim, d_model),
         )
 
     def forward(self, x: Tensor) -> Tensor:

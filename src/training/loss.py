@@ -115,3 +115,78 @@ def rdrop_loss(logits: Tensor, labels: Tensor, eps: float, alpha: float
     meaning. The second value is the NLL averaged over the two passes (for the logs).
     """
     return RDropLoss.apply(logits, labels, float(eps), float(alpha))
+
+
+class ProjectedCrossEntropy(torch.autograd.Function):
+    """The output projection and `LabelSmoothedCrossEntropy` together, `rows` rows at a time.
+
+    Apart, the projection writes all (N, V) logits, log-softmax reads them back and writes
+    (N, V) fp32, and the gradient is built over that and cast: each pass streams tens of MB
+    through memory. Here a chunk's logits, log-probabilities and gradient stay in cache, and
+    only the gradient (N, V), in the logits' dtype, is kept for backward. Each row's arithmetic
+    is the unchunked one's.
+
+    In bf16 the rows are also padded with zeros to a multiple of `rows`, and backward's products
+    go `rows` rows at a time too, so every product has a shape that repeats from step to step:
+    oneDNN builds a kernel for each new shape, and N, the step's target tokens, is new almost
+    every step; building the three (N, V) products' kernels cost more than running them
+    (docs/training_speed.md). Padded rows have zero gradients. In fp32 (no oneDNN kernels to
+    build) the products are the unchunked ones and the gradients the same bits
+    (tests/test_training.py)."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, labels: Tensor, eps: float, rows: int
+                ) -> tuple[Tensor, Tensor]:
+        w = weight.to(hidden.dtype)  # bf16 under autocast: the cast a linear layer makes
+        n = len(labels)
+        pad = hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu"
+        if pad:  # (N_padded, D): every chunk `rows` rows
+            hidden = torch.cat([hidden, hidden.new_zeros(-(-n // rows) * rows - n,
+                                                         hidden.shape[1])])
+        want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad = None
+        if want_grad:  # padded rows keep a zero gradient
+            grad = (hidden.new_zeros if pad else hidden.new_empty)((len(hidden), w.shape[0]))
+        picked = hidden.new_empty(n, dtype=torch.float32)  # log p of each label
+        log_p_sum = hidden.new_zeros((), dtype=torch.float32)  # for the smoothing term
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)
+            logits = hidden[start:start + rows] @ w.t()  # (rows, V); the last may be short
+            log_p = torch.log_softmax(logits, dim=1, dtype=torch.float32)[: stop - start]
+            index = torch.arange(stop - start, device=hidden.device)
+            picked[start:stop] = log_p[index, labels[start:stop]]
+            if eps:
+                log_p_sum += log_p.sum()
+            if want_grad:
+                grad[start:stop] = smoothed_cross_entropy_grad_(log_p.exp_(), index,
+                                                                labels[start:stop], eps)
+        # as `smoothed_cross_entropy` sums them: the NLL is the unchunked one's, bit for bit
+        nll = -picked.sum()
+        loss = (1.0 - eps) * nll
+        if eps:
+            loss = loss - eps / w.shape[0] * log_p_sum
+        if want_grad:
+            ctx.save_for_backward(grad, hidden, w)
+            ctx.weight_dtype, ctx.rows, ctx.n = weight.dtype, rows if pad else 0, n
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        grad, hidden, w = ctx.saved_tensors
+        grad = grad.mul_(grad_loss)  # in place: the graph is freed after one backward
+        grad_hidden = grad_weight = None
+        if ctx.needs_input_grad[0]:  # (N, D)
+            grad_hidden = (torch.cat([grad[i:i + ctx.rows] @ w
+                                      for i in range(0, ctx.n, ctx.rows)])[: ctx.n]
+                           if ctx.rows else grad @ w)
+        if ctx.needs_input_grad[1]:  # (V, D)
+            grad_weight = (grad.t() @ hidden).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def projected_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, eps: float,
+                            rows: int = 256) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss (differentiable in `hidden` and `weight`) and summed NLL of
+    the logits `hidden @ weight.T`, computed `rows` rows at a time (`ProjectedCrossEntropy`)."""
+    return ProjectedCrossEntropy.apply(hidden, weight, labels, float(eps), int(rows))

@@ -11,9 +11,9 @@ from src.core import failpoints
 from src.core.scoring import bleu as corpus_bleu
 from src.data.batching import make_batch, token_batches
 from src.data.subword import PAD, Tokenizers
-from src.nmt.model import Transformer
+from src.nmt.model import Transformer, matmul_input
 from src.nmt.search import translate_ids
-from src.training.loss import label_smoothed_cross_entropy, rdrop_loss
+from src.training.loss import projected_cross_entropy, rdrop_loss
 
 VALID_BATCH_SIZE = 64
 
@@ -34,11 +34,12 @@ def token_loss(
         src, tgt_in, keep = (torch.cat([t, t]) for t in (src, tgt_in, keep))
     memory, src_mask = model.encode(src)
     hidden = model.decode(tgt_in, memory, src_mask)
-    logits = model.generator(hidden[keep])  # (N, V), bf16 under autocast; (2N, V) for R-Drop
     if rdrop_alpha:
+        logits = model.generator(hidden[keep])  # (2N, V), bf16 under autocast
         loss, nll = rdrop_loss(logits, labels, label_smoothing, rdrop_alpha)
-    else:
-        loss, nll = label_smoothed_cross_entropy(logits, labels, label_smoothing)
+    else:  # the output projection inside the loss (src/training/loss.py says why)
+        loss, nll = projected_cross_entropy(matmul_input(hidden[keep]), model.generator.weight,
+                                            labels, label_smoothing)
     return loss, nll, len(labels)
 
 
