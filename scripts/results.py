@@ -240,6 +240,13 @@ def sittings(data: dict) -> list[dict]:
     return data["sittings"] if "sittings" in data else [data]
 
 
+def short_cpu(cpu: str) -> str:
+    """"Intel(R) Xeon(R) Processor (family 6 model 167), 2 cores, AMX" -> "Intel Xeon
+    (family 6 model 167)": which machine an earlier sitting ran on."""
+    name = cpu.split(", ")[0].replace("(R)", "").replace(" Processor", "")
+    return " ".join(name.split())
+
+
 def training_speed_by_precision(sitting: dict, earlier: list[dict] | tuple = (),
                                 source: str = "") -> list[str]:
     """Peer and ours in fp32 and bf16 from one sitting; shares of each precision's own peak;
@@ -261,8 +268,8 @@ def training_speed_by_precision(sitting: dict, earlier: list[dict] | tuple = (),
 
     def before(row: dict) -> str:
         seen = [f"{r['tokens_per_s']:,} ({r['tokens_per_s'] / peer_fp32(one):.2f}x), "
-                f"`{one['commit']}`" for one in earlier for r in one["rows"]
-                if kind(r) == kind(row)]
+                f"`{one['commit']}` on {short_cpu(one['cpu'])}" for one in earlier
+                for r in one["rows"] if kind(r) == kind(row)]
         return "; ".join(seen)
 
     lines = ["## Training speed by precision", "",

@@ -616,17 +616,18 @@ def projection_and_loss(hidden0, weight0, labels, fused: bool, autocast: bool):
     return loss.detach(), nll, hidden.grad, weight.grad, products.seen
 
 
-def test_the_projection_and_loss_in_chunks_give_the_unchunked_gradients_bit_for_bit():
-    """In fp32, `projected_cross_entropy` (37 rows in chunks of 8, the last one short) gives
-    the linear layer's and `label_smoothed_cross_entropy`'s gradients and NLL exactly, so an
-    fp32 run's weights do not change."""
+def test_the_projection_and_loss_in_padded_chunks_give_the_unchunked_loss_and_gradients():
+    """`projected_cross_entropy` (37 rows in chunks of 8, padded to 40) on fp32 inputs, where
+    only the order of the sums differs: the linear layer's and `label_smoothed_cross_entropy`'s
+    NLL exactly, the loss and the gradients to float rounding."""
     torch.manual_seed(3)
     args = torch.randn(37, 16), torch.randn(50, 16) * 0.3, torch.randint(0, 50, (37,))
     loss0, nll0, gh0, gw0, _ = projection_and_loss(*args, fused=False, autocast=False)
     loss1, nll1, gh1, gw1, _ = projection_and_loss(*args, fused=True, autocast=False)
-    assert torch.equal(gh0, gh1) and torch.equal(gw0, gw1)
     assert torch.equal(nll0, nll1)
-    assert torch.allclose(loss0, loss1, rtol=1e-6)  # the smoothing sum, chunk by chunk
+    assert torch.allclose(loss0, loss1, rtol=1e-6)
+    assert torch.allclose(gh0, gh1, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(gw0, gw1, rtol=1e-5, atol=1e-7)
 
 
 def test_in_bf16_every_vocabulary_product_has_a_shape_that_repeats():

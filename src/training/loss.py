@@ -118,40 +118,31 @@ def rdrop_loss(logits: Tensor, labels: Tensor, eps: float, alpha: float
 
 
 class ProjectedCrossEntropy(torch.autograd.Function):
-    """The output projection and `LabelSmoothedCrossEntropy` together, `rows` rows at a time.
+    """The output projection and `LabelSmoothedCrossEntropy` together, for bf16 on the CPU:
+    every product `rows` rows at a time, the rows padded with zeros to whole chunks.
 
-    Apart, the projection writes all (N, V) logits, log-softmax reads them back and writes
-    (N, V) fp32, and the gradient is built over that and cast: each pass streams tens of MB
-    through memory. Here a chunk's logits, log-probabilities and gradient stay in cache, and
-    only the gradient (N, V), in the logits' dtype, is kept for backward. Each row's arithmetic
-    is the unchunked one's.
-
-    In bf16 the rows are also padded with zeros to a multiple of `rows`, and backward's products
-    go `rows` rows at a time too, so every product has a shape that repeats from step to step:
-    oneDNN builds a kernel for each new shape, and N, the step's target tokens, is new almost
-    every step; building the three (N, V) products' kernels cost more than running them
-    (docs/training_speed.md). Padded rows have zero gradients. In fp32 (no oneDNN kernels to
-    build) the products are the unchunked ones and the gradients the same bits
-    (tests/test_training.py)."""
+    oneDNN, which runs bf16 products on the CPU, builds a kernel for each new product shape
+    and keeps the last 1,024 (docs/training_speed.md). N, the step's target tokens, is new
+    almost every step, and building the kernels of the three (N, V) products cost more than
+    running them; here their shapes are (rows, D) x (D, V), (rows, V) x (V, D) and
+    (V, N_padded) x (N_padded, D), with N_padded a multiple of `rows`. A chunk's logits,
+    log-probabilities and gradient stay in cache; only the gradient (N_padded, V), in the
+    logits' dtype, is kept for backward. Padded rows have zero gradients."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, labels: Tensor, eps: float, rows: int
                 ) -> tuple[Tensor, Tensor]:
         w = weight.to(hidden.dtype)  # bf16 under autocast: the cast a linear layer makes
         n = len(labels)
-        pad = hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu"
-        if pad:  # (N_padded, D): every chunk `rows` rows
-            hidden = torch.cat([hidden, hidden.new_zeros(-(-n // rows) * rows - n,
-                                                         hidden.shape[1])])
+        hidden = torch.cat([hidden, hidden.new_zeros(-(-n // rows) * rows - n,
+                                                     hidden.shape[1])])  # (N_padded, D)
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad = None
-        if want_grad:  # padded rows keep a zero gradient
-            grad = (hidden.new_zeros if pad else hidden.new_empty)((len(hidden), w.shape[0]))
+        grad = hidden.new_zeros((len(hidden), w.shape[0])) if want_grad else None
         picked = hidden.new_empty(n, dtype=torch.float32)  # log p of each label
         log_p_sum = hidden.new_zeros((), dtype=torch.float32)  # for the smoothing term
         for start in range(0, n, rows):
             stop = min(start + rows, n)
-            logits = hidden[start:start + rows] @ w.t()  # (rows, V); the last may be short
+            logits = hidden[start:start + rows] @ w.t()  # (rows, V)
             log_p = torch.log_softmax(logits, dim=1, dtype=torch.float32)[: stop - start]
             index = torch.arange(stop - start, device=hidden.device)
             picked[start:stop] = log_p[index, labels[start:stop]]
@@ -167,7 +158,7 @@ class ProjectedCrossEntropy(torch.autograd.Function):
             loss = loss - eps / w.shape[0] * log_p_sum
         if want_grad:
             ctx.save_for_backward(grad, hidden, w)
-            ctx.weight_dtype, ctx.rows, ctx.n = weight.dtype, rows if pad else 0, n
+            ctx.weight_dtype, ctx.rows, ctx.n = weight.dtype, rows, n
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -176,10 +167,9 @@ class ProjectedCrossEntropy(torch.autograd.Function):
         grad, hidden, w = ctx.saved_tensors
         grad = grad.mul_(grad_loss)  # in place: the graph is freed after one backward
         grad_hidden = grad_weight = None
-        if ctx.needs_input_grad[0]:  # (N, D)
-            grad_hidden = (torch.cat([grad[i:i + ctx.rows] @ w
-                                      for i in range(0, ctx.n, ctx.rows)])[: ctx.n]
-                           if ctx.rows else grad @ w)
+        if ctx.needs_input_grad[0]:  # (N, D), `rows` rows a product
+            grad_hidden = torch.cat([grad[i:i + ctx.rows] @ w
+                                     for i in range(0, ctx.n, ctx.rows)])[: ctx.n]
         if ctx.needs_input_grad[1]:  # (V, D)
             grad_weight = (grad.t() @ hidden).to(ctx.weight_dtype)
         return grad_hidden, grad_weight, None, None, None
@@ -188,5 +178,5 @@ class ProjectedCrossEntropy(torch.autograd.Function):
 def projected_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, eps: float,
                             rows: int = 256) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss (differentiable in `hidden` and `weight`) and summed NLL of
-    the logits `hidden @ weight.T`, computed `rows` rows at a time (`ProjectedCrossEntropy`)."""
+    the logits `hidden @ weight.T`, `rows` rows at a time (`ProjectedCrossEntropy`)."""
     return ProjectedCrossEntropy.apply(hidden, weight, labels, float(eps), int(rows))

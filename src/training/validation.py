@@ -13,7 +13,11 @@ from src.data.batching import make_batch, token_batches
 from src.data.subword import PAD, Tokenizers
 from src.nmt.model import Transformer, matmul_input
 from src.nmt.search import translate_ids
-from src.training.loss import projected_cross_entropy, rdrop_loss
+from src.training.loss import (
+    label_smoothed_cross_entropy,
+    projected_cross_entropy,
+    rdrop_loss,
+)
 
 VALID_BATCH_SIZE = 64
 
@@ -37,9 +41,14 @@ def token_loss(
     if rdrop_alpha:
         logits = model.generator(hidden[keep])  # (2N, V), bf16 under autocast
         loss, nll = rdrop_loss(logits, labels, label_smoothing, rdrop_alpha)
-    else:  # the output projection inside the loss (src/training/loss.py says why)
+    elif hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        # bf16 on the CPU: the output projection inside the loss, in products whose shapes
+        # repeat from step to step (src/training/loss.py says why)
         loss, nll = projected_cross_entropy(matmul_input(hidden[keep]), model.generator.weight,
                                             labels, label_smoothing)
+    else:
+        logits = model.generator(hidden[keep])  # (N, V)
+        loss, nll = label_smoothed_cross_entropy(logits, labels, label_smoothing)
     return loss, nll, len(labels)
 
 
