@@ -86,12 +86,8 @@ def run_training(
         while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
             pairs, target_tokens, epoch_batches, usable = epoch_plan(
                 corpus, st.epoch, cfg, world.size, max_positions)
-            bar.update(
-                task,
-                total=usable,
-                completed=st.batch_in_epoch,
-                epoch=f"{st.epoch + 1}/{cfg.epochs}",
-            )
+            epoch_label = f"{st.epoch + 1}/{cfg.epochs}"
+            bar.update(task, total=usable, completed=st.batch_in_epoch, epoch=epoch_label)
             step_start = time.perf_counter()
             epoch_start = (st.train_seconds, st.batch_in_epoch)  # this process's share of it
             # The budget is checked before a step, so a resumed run never takes one too many.
@@ -104,12 +100,7 @@ def run_training(
                 # saves last.pt there (one_step)
                 with one_step(trainer, say):
                     group = epoch_batches[st.batch_in_epoch : st.batch_in_epoch + span]
-                    batches = [
-                        make_batch([pairs.source(i) for i in idx],
-                                   [pairs.target(i) for i in idx], max_positions,
-                                   cfg.length_multiple)
-                        for idx in rank_share(group, world.rank, world.size)
-                    ]
+                    batches = rank_batches(pairs, group, trainer, max_positions)
                     n_target = int(sum(target_tokens[idx].sum() for idx in group))
                     loss, tokens = trainer.step(batches, n_target)
                     st.batch_in_epoch += len(group)
@@ -136,7 +127,7 @@ def run_training(
                         )
                         bar.update(task, tps=tps)
                         if log_lines:
-                            say(progress_line(st.step, f"{st.epoch + 1}/{cfg.epochs}",
+                            say(progress_line(st.step, epoch_label,
                                               st.batch_in_epoch, usable, loss, tps,
                                               st.train_seconds - epoch_start[0],
                                               st.batch_in_epoch - epoch_start[1]))
@@ -149,6 +140,14 @@ def run_training(
             if reason and st.epoch < cfg.epochs:
                 say(f"stop: {reason}")
     return selection
+
+
+def rank_batches(pairs, group: list, trainer: Trainer, max_positions: int) -> list:
+    """This rank's share of a step's batches (index lists), made into padded tensors."""
+    cfg, world = trainer.cfg, trainer.world
+    return [make_batch([pairs.source(i) for i in idx], [pairs.target(i) for i in idx],
+                       max_positions, cfg.length_multiple)
+            for idx in rank_share(group, world.rank, world.size)]
 
 
 def epoch_plan(corpus: TrainingCorpus, epoch: int, cfg: TrainParams, world_size: int,
