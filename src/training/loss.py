@@ -24,10 +24,16 @@ def smoothed_cross_entropy(log_p: Tensor, rows: Tensor, labels: Tensor, eps: flo
                            ) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of (N, V) log-probabilities."""
     nll = -log_p[rows, labels].sum()
+    return smoothed_loss(nll, log_p.sum() if eps else None, eps, log_p.shape[1]), nll
+
+
+def smoothed_loss(nll: Tensor, log_p_sum: Tensor | None, eps: float, vocab: int) -> Tensor:
+    """(1 - eps) * NLL - eps / V * (the sum of every log-probability): the smoothed loss from
+    the two sums it needs (`log_p_sum` only with eps)."""
     loss = (1.0 - eps) * nll
     if eps:
-        loss = loss - eps / log_p.shape[1] * log_p.sum()
-    return loss, nll
+        loss = loss - eps / vocab * log_p_sum
+    return loss
 
 
 def smoothed_cross_entropy_grad_(p: Tensor, rows: Tensor, labels: Tensor, eps: float) -> Tensor:
@@ -153,9 +159,7 @@ class ProjectedCrossEntropy(torch.autograd.Function):
                                                                 labels[start:stop], eps)
         # as `smoothed_cross_entropy` sums them: the NLL is the unchunked one's, bit for bit
         nll = -picked.sum()
-        loss = (1.0 - eps) * nll
-        if eps:
-            loss = loss - eps / w.shape[0] * log_p_sum
+        loss = smoothed_loss(nll, log_p_sum, eps, w.shape[0])
         if want_grad:
             ctx.save_for_backward(grad, hidden, w)
             ctx.weight_dtype, ctx.rows, ctx.n = weight.dtype, rows, n
