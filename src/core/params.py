@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Hashable
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
@@ -369,16 +370,36 @@ S = TypeVar("S", bound=Section)
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML loader that refuses a key given twice (PyYAML silently keeps the last one)."""
 
+    def construct_object(self, node, deep=False):
+        """A tag that does not fit its text (`!!int x`, `!!bool maybe`, `!!timestamp now`)
+        makes PyYAML raise ValueError, KeyError, …: a YAML error at the node's line instead."""
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read this {node.tag} ({type(exc).__name__}: {exc})",
+                node.start_mark) from None
+
     def construct_mapping(self, node, deep=False):
+        if not isinstance(node, yaml.MappingNode):  # `!!map [1]`: PyYAML names the line
+            return super().construct_mapping(node, deep)
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                break  # a list or mapping as a key: PyYAML's own error names its line
             if key in seen:
-                raise PipelineError(
-                    f"params.yaml line {key_node.start_mark.line + 1}: duplicate key '{key}'"
-                )
+                raise PipelineError(f"params.yaml line {key_node.start_mark.line + 1}: "
+                                    f"duplicate key {_quoted(key)}")
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def _quoted(key) -> str:
+    """A key as a message shows it, 'name', with a newline, a tab or any other character that
+    would break the one-line message escaped as repr escapes it."""
+    text = str(key)
+    return f"'{text if text.isprintable() else repr(text)[1:-1]}'"
 
 
 def read_yaml(path: Path | None = None) -> dict:
@@ -410,15 +431,15 @@ def _validate(kind: type[S], raw: dict) -> S:
         return kind(**values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        key = ".".join([name, *(str(p) for p in err["loc"])])
+        key = _quoted(".".join([name, *(str(p) for p in err["loc"])]))
         error = err["type"]
         if error == "extra_forbidden":
-            raise PipelineError(f"params.yaml: unknown key '{key}'") from None
+            raise PipelineError(f"params.yaml: unknown key {key}") from None
         if error == "missing":
-            raise PipelineError(f"params.yaml: missing key '{key}'") from None
+            raise PipelineError(f"params.yaml: missing key {key}") from None
         message = err["msg"].removeprefix("Value error, ")
         got = f" (got {err['input']!r})" if err["loc"] else ""
-        raise PipelineError(f"params.yaml: bad value for '{key}': {message}{got}") from None
+        raise PipelineError(f"params.yaml: bad value for {key}: {message}{got}") from None
 
 
 def load_params(kind: type[S], path: Path | None = None) -> S:

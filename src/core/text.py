@@ -36,9 +36,12 @@ def decode(data: bytes, source: str) -> str:
     if data.startswith(_UTF16_BOMS):
         try:
             return data.decode("utf-16")
-        except UnicodeDecodeError:
+        except UnicodeDecodeError as exc:  # offsets count from the file's first byte
+            line_no = data[: exc.start].decode("utf-16").count("\n") + 1
+            bad = data[exc.start : exc.start + 4].hex(" ")
             raise PipelineError(f"{source}: starts with a UTF-16 byte-order mark but is not "
-                                "valid UTF-16; re-encode it as UTF-8") from None
+                                f"valid UTF-16 at line {line_no}, byte offset {exc.start:,} "
+                                f"(bytes {bad}); re-encode it as UTF-8") from None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -65,6 +68,8 @@ def iter_lines(raw_lines: Iterable[bytes], source: str) -> Iterator[str]:
     offset = 0
     for line_no, raw in enumerate(raw_lines, start=1):
         body = raw[3:] if line_no == 1 and raw.startswith(codecs.BOM_UTF8) else raw
+        if not body:  # a file of a BOM alone: no line, as `decode` + `split_lines` read it
+            return
         try:
             line = body.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -130,14 +130,14 @@ def beam_search(
             ~torch.tensor(open_rows, device=device)[:, None], float("-inf")
         )
         tokens = next_token.view(-1, 1)
+    length = max(history.shape[1], 1)  # max_len 0: an empty output scores 0, as in greedy
     for b in range(batch):
         if open_rows[b] or not finished[b]:  # ran out of length: live beams are candidates
             for k in range(beam):
                 s = float(scores[b, k])
                 if s > float("-inf"):
-                    finished[b].append(
-                        (s / history.shape[1] ** length_penalty, history[b * beam + k].tolist())
-                    )
+                    finished[b].append((s / length**length_penalty,
+                                        history[b * beam + k].tolist()))
     return _ranked(finished, with_scores, n_best)
 
 

@@ -108,6 +108,9 @@ def search_params(params: dict | None, default_beam: int) -> Request:
     """`beam` and `max_length` (0 or absent: the export's defaults), `n_best` (absent: 1; at
     most the beam) and `return_scores` (absent: false) from the request."""
     params = params or {}
+    if not isinstance(params, dict):
+        raise bad_request(f"params must be an object of search settings, not a "
+                          f"{type(params).__name__}")
     values = {}
     for name, low, top in (("beam", 0, MAX_BEAM), ("max_length", 0, 1_000),
                            ("n_best", 1, MAX_BEAM)):
