@@ -7,7 +7,11 @@ the code, tests and configuration), runs `mutmut run` in the copy and prints the
 mutants killed per module. The checkout itself is never touched.
 
     python scripts/mutation_test.py                     # all configured modules
-    python scripts/mutation_test.py --only src/promote.py --json docs/benchmarks/mutation.json
+    python scripts/mutation_test.py --only src/promote.py --json docs/benchmarks/mutation.json \
+        --doc docs/testing.md
+
+`--json` keeps the rows of modules this run did not mutate (so one module can be re-run) and
+`--doc` rewrites the table between the `<!-- mutation table -->` markers from that file.
 """
 
 from __future__ import annotations
@@ -25,13 +29,20 @@ import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 RENAMED = "nmtsrc"
-# `src.` / `src/` as a module or path of ours (not inside another word such as `resrc.`)
-OURS = re.compile(r"(?<![\w.])src(?=[./])")
+# Our package's modules and subpackages: `src.` / `src/` is renamed only before one of them, so
+# a variable named `src` (`src.shape`, the search's source ids) keeps its name.
+PACKAGE = sorted(p.stem for p in (REPO / "src").iterdir()
+                 if p.suffix == ".py" or (p / "__init__.py").is_file())
+# `src.<ours>`, `src/<ours>` and the folder `"src/"` (not inside another word such as `resrc.`)
+_NAMES = "|".join(map(re.escape, PACKAGE))
+OURS = re.compile(rf"(?<![\w.])src(?=/[\"']|[./](?:{_NAMES})\b)")
 
 
 def copy_renamed(work: Path) -> None:
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.splitlines()
+    # tracked files and new ones not ignored (a test written but not yet committed counts)
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, text=True, check=True
+                             ).stdout.splitlines()
     if work.exists():
         shutil.rmtree(work)
     for rel in tracked:
@@ -64,13 +75,51 @@ def scores(work: Path) -> dict[str, Counter]:
     return out
 
 
+TABLE_START, TABLE_END = "<!-- mutation table -->", "<!-- /mutation table -->"
+
+
+def merged(path: Path, rows: list[dict], command: str) -> dict:
+    """The file's rows with this run's replacing those of the same modules, by module."""
+    old = json.loads(path.read_text())["rows"] if path.is_file() else []
+    fresh = {row["module"] for row in rows}
+    every = sorted([r for r in old if r["module"] not in fresh] + rows,
+                   key=lambda r: r["module"])
+    return {"command": command, "rows": every}
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The per-module table of docs/testing.md, with the total."""
+    lines = ["| module | mutants | killed | survived | no tests | score |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| `{r['module']}` | {r['mutants']} | {r['killed']} | {r['survived']} "
+                     f"| {r['no_tests']} | {r['score']:.1f}% |")
+    total = {k: sum(r[k] for r in rows) for k in ("mutants", "killed", "survived", "no_tests")}
+    score = 100 * total["killed"] / max(total["mutants"], 1)
+    lines.append(f"| **all** | {total['mutants']} | {total['killed']} | {total['survived']} "
+                 f"| {total['no_tests']} | {score:.1f}% |")
+    return "\n".join(lines)
+
+
+def write_table(doc: Path, rows: list[dict]) -> None:
+    text = doc.read_text(encoding="utf-8")
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"error: {doc} has no {TABLE_START} ... {TABLE_END} block")
+    doc.write_text(text[:start + len(TABLE_START)] + "\n" + markdown_table(rows) + "\n"
+                   + text[end:], encoding="utf-8")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=REPO / ".mutation",
                         help="Folder for the renamed copy (replaced on each run).")
     parser.add_argument("--only", action="append", default=[],
                         help="Mutate only this module (a src/ path); repeatable.")
-    parser.add_argument("--json", type=Path, help="Write the per-module table here.")
+    parser.add_argument("--json", type=Path, help="Write the per-module table here (rows of "
+                        "modules not run this time are kept).")
+    parser.add_argument("--doc", type=Path, help="Rewrite the table of this markdown file "
+                        "from --json's rows.")
     args = parser.parse_args()
     copy_renamed(args.work)
     if args.only:
@@ -97,8 +146,10 @@ def main() -> int:
         print(f"{module:32} {killed:5}/{total:<5} killed  {rows[-1]['score']:5.1f}%  "
               f"survived {counts['survived']}, no tests {counts['no tests']}")
     if args.json:
-        args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "rows": rows},
-                                        indent=2) + "\n")
+        table_rows = merged(args.json, rows, "python " + " ".join(sys.argv))
+        args.json.write_text(json.dumps(table_rows, indent=2) + "\n")
+        if args.doc:
+            write_table(args.doc, table_rows["rows"])
     return run.returncode
 
 

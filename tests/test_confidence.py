@@ -70,3 +70,83 @@ def test_review_catch_and_risk_coverage_on_a_perfect_and_a_useless_ranking():
     curve = confidence.risk_coverage(quality, quality, points=4)
     assert [row["coverage"] for row in curve] == [0.25, 0.5, 0.75, 1.0]
     assert [row["mean_chrf"] for row in curve] == [87.0, 74.5, 62.0, 49.5]
+
+
+def test_the_sigmoid_is_exact_and_never_overflows_on_either_side():
+    curve = confidence.Calibration(1.0, 0.0, 30.0, 10)
+    assert curve(0.0) == 0.5
+    assert curve(2.0) == pytest.approx(1 / (1 + math.exp(-2.0)), rel=1e-12)
+    assert curve(-2.0) == pytest.approx(1 / (1 + math.exp(2.0)), rel=1e-12)
+    assert curve(-800.0) == 0.0 and curve(800.0) == 1.0  # exp(800) would overflow
+    assert confidence.Calibration(2.0, -1.0, 30.0, 10)(1.5) == pytest.approx(
+        1 / (1 + math.exp(-2.0)), rel=1e-12)
+    assert confidence.confidence(-1.0, curve) == pytest.approx(1 / (1 + math.e), rel=1e-12)
+
+
+def test_fit_leaves_out_non_finite_features_and_counts_only_the_rest():
+    rng = random.Random(4)
+    features = [rng.uniform(-3.0, 0.0) for _ in range(2_000)]
+    good = [rng.random() < 1 / (1 + math.exp(-(2.0 * x + 3.0))) for x in features]
+    clean = confidence.fit(features, good)
+    noisy = confidence.fit(features + [float("-inf"), float("nan")] * 5, good + [False] * 10)
+    assert noisy == clean and noisy.sentences == 2_000
+
+
+def test_a_constant_or_empty_outcome_gives_a_clamped_flat_curve():
+    never = confidence.fit([-1.0, -2.0], [False, False])
+    assert never.slope == 0.0 and never(0.0) == pytest.approx(1e-6)
+    empty = confidence.fit([], [])
+    assert empty.slope == 0.0 and empty.intercept == 0.0 and empty.sentences == 0
+    only_inf = confidence.fit([float("-inf")], [True])
+    assert only_inf.sentences == 0 and only_inf(0.0) == 0.5
+    half = confidence.fit([-1.0, -1.0, -1.0, -1.0], [True, False, True, False])
+    assert half.slope == pytest.approx(0.0, abs=1e-6) and half(-1.0) == pytest.approx(0.5)
+    assert confidence.fit([-1.0], [True], chrf_threshold=45.0).chrf_threshold == 45.0
+
+
+def test_fit_stops_at_the_optimum_of_the_regularised_likelihood():
+    # separable data: the L2 term keeps the weights finite, and the result is its optimum
+    features = [-2.0, -1.5, -0.5, -0.2]
+    good = [False, False, True, True]
+    fitted = confidence.fit(features, good, l2=1e-3)
+    w = [fitted.slope, fitted.intercept]
+    p = [1 / (1 + math.exp(-(w[0] * x + w[1]))) for x in features]
+    grad = [sum((pi - yi) * x for pi, yi, x in zip(p, good, features)) + 1e-3 * w[0],
+            sum(pi - yi for pi, yi in zip(p, good)) + 1e-3 * w[1]]
+    assert max(abs(g) for g in grad) < 1e-6
+    assert fitted(-0.5) > 0.9 and fitted(-1.5) < 0.1
+    stronger = confidence.fit(features, good, l2=1.0)
+    assert abs(stronger.slope) < abs(fitted.slope)  # more regularisation, a flatter curve
+    one_step = confidence.fit(features, good, l2=1e-3, steps=1)
+    assert one_step.slope != fitted.slope  # not converged after one Newton step
+
+
+def test_auroc_of_perfect_reversed_and_tied_rankings():
+    assert confidence.auroc([0.9, 0.8, 0.1, 0.2], [True, True, False, False]) == 1.0
+    assert confidence.auroc([0.1, 0.2, 0.9, 0.8], [True, True, False, False]) == 0.0
+    assert confidence.auroc([0.5, 0.5, 0.5], [True, False, True]) == 0.5
+    assert confidence.auroc([0.3, 0.3, 0.1, 0.9], [True, False, False, True]) == 0.875
+    assert confidence.auroc([], []) is None and confidence.auroc([1.0], [False]) is None
+
+
+def test_risk_coverage_keeps_at_least_one_and_rounds_the_share_kept():
+    curve = confidence.risk_coverage([0.9, 0.1, 0.5], [10.0, 70.0, 40.0], points=4)
+    # kept: max(1, round(3 x 1/4)) = 1, round(1.5) = 2, round(2.25) = 2, 3
+    assert [row["mean_chrf"] for row in curve] == [10.0, 25.0, 25.0, 40.0]
+    assert curve[0]["coverage"] == 0.25 and len(confidence.risk_coverage([1.0], [5.0])) == 20
+    # equal confidences keep their input order
+    tied = confidence.risk_coverage([0.5, 0.5, 0.5], [1.0, 2.0, 3.0], points=3)
+    assert [row["mean_chrf"] for row in tied] == [1.0, 1.5, 2.0]
+    assert confidence.risk_coverage([0.3], [1 / 3], points=1)[0]["mean_chrf"] == 0.333
+    assert confidence.risk_coverage([0.3] * 3, [0.0] * 3, points=3)[0]["coverage"] == 0.3333
+
+
+def test_review_catch_reviews_at_least_one_and_the_share_rounded():
+    assert confidence.review_catch([0.1, 0.9], [5.0, 50.0], share=0.1) == 1.0  # k = 1
+    assert confidence.review_catch([0.9, 0.1], [5.0, 50.0], share=0.1) == 0.0
+    # 10 sentences, share 0.25 -> k = round(2.5) = 2: the two least confident are reviewed
+    conf = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    quality = [1.0, 90.0, 2.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 20.0]
+    assert confidence.review_catch(conf, quality, share=0.25) == 0.5
+    assert confidence.review_catch(conf, quality, share=0.3) == pytest.approx(2 / 3)
+    assert confidence.review_catch(conf, quality) == 1.0  # default share 0.1: k = 1

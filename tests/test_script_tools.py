@@ -14,9 +14,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_mutation_copy_renames_our_package_and_nothing_else():
     mutation = load_script("mutation_test")
-    text = "from src.core import paths\nimport src.train\nresrc.x = 'src/data/hub.py'\n"
+    text = ("from src.core import paths\nimport src.train\nresrc.x = 'src/data/hub.py'\n"
+            "batch = src.shape[0]\nsrc.to(device)\nsource_paths = [\"src/\"]\n")
     assert mutation.OURS.sub(mutation.RENAMED, text) == (
-        "from nmtsrc.core import paths\nimport nmtsrc.train\nresrc.x = 'nmtsrc/data/hub.py'\n")
+        "from nmtsrc.core import paths\nimport nmtsrc.train\nresrc.x = 'nmtsrc/data/hub.py'\n"
+        "batch = src.shape[0]\nsrc.to(device)\n"  # a variable named src keeps its name
+        "source_paths = [\"nmtsrc/\"]\n")
 
 
 def test_mutation_scores_count_each_modules_mutants_by_outcome(tmp_path):
@@ -49,3 +52,35 @@ def test_halves_split_the_training_pairs_by_whether_the_parent_saw_their_source(
     one = halves.halves(tmp_path / "old", tmp_path / "full", sample=2, seed=3)
     assert len(one["old"]) == 2 and one == halves.halves(tmp_path / "old", tmp_path / "full",
                                                          sample=2, seed=3)
+
+
+def test_mutation_json_keeps_the_modules_a_run_did_not_mutate(tmp_path):
+    mutation = load_script("mutation_test")
+    path = tmp_path / "mutation.json"
+    row = {"mutants": 10, "killed": 9, "survived": 1, "no_tests": 0, "score": 90.0}
+    path.write_text(json.dumps({"command": "old", "rows": [
+        {"module": "src/a.py", **row}, {"module": "src/c.py", **row}]}))
+    fresh = {"module": "src/c.py", "mutants": 4, "killed": 4, "survived": 0, "no_tests": 0,
+             "score": 100.0}
+    got = mutation.merged(path, [fresh, {"module": "src/b.py", **row}], "new")
+    assert got["command"] == "new"
+    assert [r["module"] for r in got["rows"]] == ["src/a.py", "src/b.py", "src/c.py"]
+    assert got["rows"][2] == fresh
+    assert mutation.merged(tmp_path / "none.json", [fresh], "x")["rows"] == [fresh]
+
+
+def test_the_testing_docs_table_is_the_one_the_script_writes_from_its_json(tmp_path):
+    mutation = load_script("mutation_test")
+    rows = json.loads((REPO / "docs/benchmarks/mutation.json").read_text())["rows"]
+    doc = (REPO / "docs/testing.md").read_text(encoding="utf-8")
+    start = doc.index(mutation.TABLE_START) + len(mutation.TABLE_START)
+    assert doc[start:doc.index(mutation.TABLE_END)].strip() == mutation.markdown_table(rows)
+    # and the script rewrites only that block
+    copy = tmp_path / "testing.md"
+    copy.write_text(f"before\n{mutation.TABLE_START}\nstale\n{mutation.TABLE_END}\nafter\n")
+    mutation.write_table(copy, rows[:1])
+    text = copy.read_text()
+    assert text.startswith(f"before\n{mutation.TABLE_START}\n| module |")
+    assert text.endswith(f"{mutation.TABLE_END}\nafter\n") and "stale" not in text
+    total = rows[0]
+    assert f"| **all** | {total['mutants']} | {total['killed']} |" in text

@@ -164,20 +164,22 @@ def write_source(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, pair: Pair
     A URL source is written byte for byte (its sha256 is checked against `spec.sha256`); a Hub
     or sacreBLEU source is streamed row by row. `spec.max_pairs` keeps a seeded sample of that
     many lines."""
-    from src.data import hub
+    from src.data.hub_layout import clean_field, sample_lines, tsv_line
 
     max_pairs, sha256 = getattr(spec, "max_pairs", 0), getattr(spec, "sha256", "")
     if getattr(spec, "sacrebleu", ""):
         from src.data.sacrebleu_sets import langpair, sacrebleu_rows, sacrebleu_urls
 
         rows = sacrebleu_rows(spec.sacrebleu, pair)  # checks the set has the pair
-        lines = (hub.tsv_line([hub.clean_field(f) for f in row], pair).encode("utf-8")
+        lines = (tsv_line([clean_field(f) for f in row], pair).encode("utf-8")
                  for row in rows)
         source = {"sacrebleu": spec.sacrebleu, "langpair": langpair(pair),
                   "urls": sacrebleu_urls(spec.sacrebleu)}
     elif spec.hub:
+        from src.data import hub
+
         snapshot = hub.fetch_snapshot(spec.hub)
-        lines = (hub.tsv_line(row, pair).encode("utf-8")
+        lines = (tsv_line(row, pair).encode("utf-8")
                  for row in hub.hub_rows(snapshot, spec.hub, pair))
         source = {"hub": spec.hub.model_dump(exclude_defaults=True) | {
             "commit": snapshot.commit}}
@@ -192,7 +194,7 @@ def write_source(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, pair: Pair
         lines = iter([data] if not max_pairs else io.BytesIO(data))
         source = {key: fetched["info"][key] for key in ("urls", "payload_sha256")}
     if max_pairs:
-        lines = iter(hub.sample_lines(lines, max_pairs, spec.seed))
+        lines = iter(sample_lines(lines, max_pairs, spec.seed))
     with dest.open("wb") as fh:
         sink = _TsvSink(fh, spec.name, cfg.max_bytes)
         for line in lines:

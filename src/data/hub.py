@@ -11,24 +11,29 @@ by "the latest cached".
 
 Each row becomes one TSV line with the source in `pair.source_column` and the target in
 `pair.target_column`; with the `columns` layout the dataset's other text columns follow in
-order (so a TSV corpus put on the Hub as a table comes back byte for byte).
+order (so a TSV corpus put on the Hub as a table comes back byte for byte). What to fetch and
+which columns to read is decided in src/data/hub_layout.py, from the repo's metadata alone.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from src.core.errors import PipelineError
 from src.core.params import HubSource, PairParams
+from src.data.hub_layout import (
+    card_configs,
+    clean_field,
+    data_patterns,
+    joined_columns,
+    text_columns,
+    translation_keys,
+)
 
 HUB_PAGE = "https://huggingface.co/datasets/{}"
-# config names users try that the Hub spells otherwise (FLORES+ names Mandarin by cmn)
-ALIASES = {"zho_Hans": "cmn_Hans", "zho_Hant": "cmn_Hant"}
 BATCH_ROWS = 10_000
 
 
@@ -79,45 +84,14 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def card_configs(folder: Path) -> dict[str, dict[str, list[str]]]:
-    """`configs:` of the repo's README as {config: {split: [file patterns]}} ({} if none)."""
+def read_card(folder: Path) -> dict[str, dict[str, list[str]]]:
+    """`configs:` of the snapshot's README ({} without a README or metadata)."""
     readme = folder / "README.md"
     if not readme.is_file():
         return {}
     from huggingface_hub import metadata_load
 
-    configs = (metadata_load(readme) or {}).get("configs") or []
-    out: dict[str, dict[str, list[str]]] = {}
-    for config in configs:
-        files = config.get("data_files", [])
-        by_split: dict[str, list[str]] = {}
-        if isinstance(files, (str, list)) and not (files and isinstance(files, list)
-                                                   and isinstance(files[0], dict)):
-            by_split["train"] = [files] if isinstance(files, str) else list(files)
-        else:
-            entries = [{"split": k, "path": v} for k, v in files.items()] if isinstance(
-                files, dict) else files
-            for entry in entries:
-                paths = entry["path"]
-                by_split[entry["split"]] = [paths] if isinstance(paths, str) else list(paths)
-        out[config.get("config_name", "default")] = by_split
-    return out
-
-
-def suggestion(wanted: str, available: list[str]) -> str:
-    """A hint for a config that is not there: the pair the other way round (WMT's zh-en for
-    en-zh), the Hub's spelling (cmn_Hans for zho_Hans), or a near name."""
-    first, sep, second = wanted.partition("-")
-    candidates = [f"{second}-{first}"] if sep else []
-    candidates += [ALIASES[wanted]] if wanted in ALIASES else []
-    candidates += difflib.get_close_matches(wanted, available, n=1)
-    hit = next((c for c in candidates if c in available), None)
-    return f"; did you mean '{hit}'?" if hit else ""
-
-
-def _listed(names: list[str], limit: int = 20) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return card_configs(metadata_load(readme) or {})
 
 
 def fetch_snapshot(hub: HubSource) -> Snapshot:
@@ -127,7 +101,7 @@ def fetch_snapshot(hub: HubSource) -> Snapshot:
     it before any data file is fetched."""
     head = _download(hub, hub.revision, ["README.md", "*.py"])
     commit = head.name
-    configs = card_configs(head)
+    configs = read_card(head)
     if not configs:
         if list(head.glob("*.py")):
             raise PipelineError(
@@ -135,22 +109,7 @@ def fetch_snapshot(hub: HubSource) -> Snapshot:
                 "`datasets` no longer runs: use a revision with data files, e.g. "
                 "refs/convert/parquet")
         return Snapshot(_download(hub, commit, None), commit)
-    wanted = list(hub.configs) or [hub.config or next(iter(configs))]
-    if not hub.config and not hub.configs and len(configs) > 1:
-        raise PipelineError(f"{hub.id} has {len(configs)} configs; name one in hub.config: "
-                            f"{_listed(sorted(configs))}")
-    patterns = ["README.md"]
-    for config in wanted:
-        if config not in configs:
-            raise PipelineError(
-                f"{hub.id} has no config '{config}'{suggestion(config, sorted(configs))} "
-                f"(it has: {_listed(sorted(configs))})")
-        splits = configs[config]
-        if hub.split not in splits:
-            raise PipelineError(f"{hub.id} ({config}) has no split '{hub.split}' (it has: "
-                                f"{', '.join(splits)})")
-        patterns += splits[hub.split]
-    return Snapshot(_download(hub, commit, patterns), commit)
+    return Snapshot(_download(hub, commit, data_patterns(hub, configs)), commit)
 
 
 def _open(snapshot: Snapshot, hub: HubSource, config: str | None):
@@ -166,21 +125,11 @@ def _open(snapshot: Snapshot, hub: HubSource, config: str | None):
                             f"{str(exc).splitlines()[0]}") from None
 
 
-def _columns(dataset, hub: HubSource, config: str | None) -> dict:
+def _columns(dataset) -> dict:
     features = dataset.features
     if features is None:  # a format whose columns are only known once read
         features = next(iter(dataset.take(1).iter(batch_size=1)), {})
     return dict(features)
-
-
-def _missing(hub: HubSource, what: str, found: list[str], config: str | None = None) -> None:
-    where = f"{hub.id} ({config or hub.config or 'default'}, {hub.split})"
-    raise PipelineError(f"{where} has no {what} (it has: {', '.join(found) or 'nothing'})")
-
-
-def clean_field(text) -> str | None:
-    """A field on one TSV line (tabs and line breaks become spaces); null stays None."""
-    return None if text is None else " ".join(str(text).replace("\t", " ").splitlines())
 
 
 def hub_rows(snapshot: Snapshot, hub: HubSource, pair: PairParams
@@ -190,29 +139,17 @@ def hub_rows(snapshot: Snapshot, hub: HubSource, pair: PairParams
         yield from _joined_rows(snapshot, hub)
         return
     dataset = _open(snapshot, hub, hub.config)
-    features = _columns(dataset, hub, hub.config)
+    features = _columns(dataset)
     if hub.translation:
-        if hub.translation not in features:
-            _missing(hub, f"column '{hub.translation}'", list(features))
-        keys = list(hub.keys) or [pair.source_lang, pair.target_lang]
-        inner = features[hub.translation]
-        found = list(getattr(inner, "languages", None) or (inner if isinstance(inner, dict)
-                                                            else []))
-        absent = [k for k in keys if found and k not in found]
-        if absent:
-            _missing(hub, f"'{absent[0]}' key in its '{hub.translation}' dicts", found)
+        source, target = translation_keys(hub, pair, features)
         for batch in dataset.iter(batch_size=BATCH_ROWS):
             for entry in batch[hub.translation]:
-                yield [clean_field(entry.get(keys[0])), clean_field(entry.get(keys[1]))]
+                yield [clean_field(entry.get(source)), clean_field(entry.get(target))]
         return
-    absent = [c for c in hub.columns if c not in features]
-    if absent:
-        _missing(hub, f"column '{absent[0]}'", list(features))
-    extras = [name for name, kind in features.items() if name not in hub.columns
-              and getattr(kind, "dtype", "") in {"string", "large_string"}]
+    columns = text_columns(hub, features)
     for batch in dataset.iter(batch_size=BATCH_ROWS):
-        for i in range(len(batch[hub.columns[0]])):
-            yield [clean_field(batch[name][i]) for name in (*hub.columns, *extras)]
+        for i in range(len(batch[columns[0]])):
+            yield [clean_field(batch[name][i]) for name in columns]
 
 
 def _joined_rows(snapshot: Snapshot, hub: HubSource) -> Iterator[list[str | None]]:
@@ -221,42 +158,9 @@ def _joined_rows(snapshot: Snapshot, hub: HubSource) -> Iterator[list[str | None
     sides = []
     for config in hub.configs:
         dataset = _open(snapshot, hub, config)
-        features = _columns(dataset, hub, config)
-        for column in (hub.join_on, hub.text):
-            if column not in features:
-                _missing(hub, f"column '{column}'", list(features), config)
+        joined_columns(hub, _columns(dataset), config)
         sides.append(dataset)
     targets = {row[hub.join_on]: row[hub.text] for row in sides[1]}
     for row in sides[0]:
         if row[hub.join_on] in targets:
             yield [clean_field(row[hub.text]), clean_field(targets[row[hub.join_on]])]
-
-
-def tsv_line(row: list[str | None], pair: PairParams) -> str:
-    """[source, target, *extras] -> a TSV line with each side in its `pair.*_column` and the
-    extras filling the other columns in order; a null field is empty, and a row of nulls only
-    is an empty line (what a blank line of a TSV becomes in a table)."""
-    if all(value is None for value in row):
-        return "\n"
-    row = ["" if value is None else value for value in row]
-    width = max(pair.source_column, pair.target_column) + 1
-    cols: list[str | None] = [None] * width
-    cols[pair.source_column], cols[pair.target_column] = row[0], row[1]
-    extras = iter(row[2:])
-    cols = [c if c is not None else next(extras, "") for c in cols]
-    return "\t".join([*cols, *extras]) + "\n"
-
-
-def sample_lines(lines: Iterator[str], size: int, seed: int) -> list[str]:
-    """A seeded uniform sample of `size` lines (reservoir: memory holds only the sample),
-    returned in corpus order."""
-    rng = random.Random(seed)
-    kept: list[tuple[int, str]] = []
-    for i, line in enumerate(lines):
-        if i < size:
-            kept.append((i, line))
-        else:
-            j = rng.randrange(i + 1)
-            if j < size:
-                kept[j] = (i, line)
-    return [line for _, line in sorted(kept)]

@@ -28,11 +28,17 @@ def _log_probs(logits: Tensor) -> Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-@torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, max_len: int, length_penalty: float = 1.0,
                   with_scores: bool = False):
     """src (B, S) -> token ids per row, EOS excluded; `with_scores`: (ids, score) per row, the
     score sum(log p) / length**length_penalty as the beam search's (EOS counted)."""
+    with torch.no_grad():
+        return _greedy(model, src, max_len, length_penalty, with_scores)
+
+
+# The searches' bodies are plain functions (no decorator) so that mutation testing reaches them.
+def _greedy(model: Transformer, src: Tensor, max_len: int, length_penalty: float,
+            with_scores: bool):
     batch = src.shape[0]
     memory, src_mask = model.encode(src)
     cross = model.cross_kv(memory)
@@ -62,7 +68,6 @@ def greedy_search(model: Transformer, src: Tensor, max_len: int, length_penalty:
     return list(zip(hyps, scores))
 
 
-@torch.no_grad()
 def beam_search(
     model: Transformer, src: Tensor, beam: int, max_len: int, length_penalty: float = 1.0,
     with_scores: bool = False, n_best: int = 0,
@@ -76,6 +81,13 @@ def beam_search(
     """
     if beam == 1 and not n_best:
         return greedy_search(model, src, max_len, length_penalty, with_scores)
+    with torch.no_grad():
+        return _ranked(_beam(model, src, beam, max_len, length_penalty), with_scores, n_best)
+
+
+def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penalty: float
+          ) -> list[list[tuple[float, list[int]]]]:
+    """Each row's finished (score, ids) hypotheses, in the order they finished."""
     batch, device = src.shape[0], src.device
     memory, src_mask = model.encode(src)
     # Every row's encoder state repeated beam times: (B*K, ...), row-major.
@@ -138,7 +150,7 @@ def beam_search(
                 if s > float("-inf"):
                     finished[b].append((s / length**length_penalty,
                                         history[b * beam + k].tolist()))
-    return _ranked(finished, with_scores, n_best)
+    return finished
 
 
 def _ranked(finished: list[list[tuple[float, list[int]]]], with_scores: bool, n_best: int):

@@ -1,0 +1,339 @@
+"""The translators' own logic (src/runtime/generation.py), with ONNX Runtime's session replaced
+by a recorder that answers as our files do: which session a batch or an n-best list goes to,
+the feeds, the n-best lists with their scores, lengths and confidence, blank lines, the
+refusals, and what a file's metadata must say. The real files are in tests/test_export.py."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from src.core.errors import PipelineError
+from src.runtime import confidence, generation
+from src.runtime.contract import (
+    GRAPH_FORMAT,
+    N_BEST_BATCHES,
+    SCORE_SWITCH,
+    TEXT_FORMAT,
+    TEXT_INPUTS,
+    TEXT_N_BEST_TEXTS,
+    TEXT_OUTPUTS,
+)
+
+BOS, EOS, PAD = 2, 3, 0
+META = {"format": GRAPH_FORMAT, "eos_id": str(EOS), "pad_id": str(PAD), "beam_size": "4",
+        "max_source_tokens": "6", "max_output_tokens": "8", "max_length_ratio": "1.5",
+        "length_penalty": "1.0", "outputs": "sequences,sequences_scores"}
+
+
+class Chars:
+    """A tokenizer of one id per character (ids above EOS), as SentencePiece is called."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class Session:
+    """Answers `run` with `reply(names, feeds)` and records every call."""
+
+    def __init__(self, reply, inputs=("input_ids", SCORE_SWITCH), provider="CPUExecutionProvider"):
+        self.reply, self.inputs, self.provider, self.calls = reply, inputs, provider, []
+
+    def get_inputs(self):
+        return [SimpleNamespace(name=name) for name in self.inputs]
+
+    def get_providers(self):
+        return [self.provider]
+
+    def run(self, names, feeds):
+        self.calls.append((list(names), {k: np.asarray(v).tolist() for k, v in feeds.items()}))
+        return self.reply(names, feeds)
+
+
+def echo_search(names, feeds):
+    """Each row's source reversed (without EOS and padding) as hypothesis 1, the source as is
+    as hypothesis 2, then with its first id dropped, and so on; scores -1, -2, ..."""
+    src = feeds["input_ids"]
+    n = int(feeds["num_return_sequences"][0])
+    longest = int(feeds["max_length"][0])
+    rows, scores = [], []
+    for row in src.tolist():
+        ids = [t for t in row if t not in (EOS, PAD)]
+        hyps = [ids[::-1]] + [ids[k - 2:] for k in range(2, n + 1)]
+        hyps = [h[: longest - 1] for h in hyps]
+        rows.append([[BOS, *h, *[PAD] * (longest - 1 - len(h))] for h in hyps])
+        scores.append([-1.0 * (k + 1) for k in range(n)])
+    out = {"sequences": np.array(rows, np.int32), "sequences_scores": np.array(scores, np.float32)}
+    return [out[name] for name in names]
+
+
+def translator(meta=None, session=None, batch=None, warn=None) -> generation.Translator:
+    meta = META | (meta or {})
+    session = session or Session(echo_search)
+    open_batch = (lambda: batch) if batch is not None else None
+    return generation.Translator(session, meta, Chars(), Chars(), warn=warn or (lambda m: None),
+                                 open_batch=open_batch)
+
+
+# -- which session searches -------------------------------------------------------------------
+
+def test_one_sentence_goes_to_the_files_own_session_and_a_batch_to_the_batch_session():
+    own, batch = Session(echo_search), Session(echo_search)
+    model = translator(session=own, batch=batch)
+    assert model.session_for(1) is own and model.session_for(2) is batch
+    assert model.session_for(3, n_best=2) is own  # older files: n-best lists from the operator
+    loop = translator(meta={N_BEST_BATCHES: "loop"}, session=own, batch=batch)
+    assert loop.session_for(3, n_best=2) is batch and loop.session_for(1, n_best=2) is own
+    assert translator(session=own).session_for(5) is own  # no batch session to open
+    no_room = translator(session=own, batch=None)
+    no_room.open_batch = lambda: None  # the file has no cut
+    assert no_room.session_for(5) is own
+
+
+def test_the_batch_session_is_opened_once():
+    opened = []
+    model = translator()
+    model.open_batch = lambda: opened.append(1) or Session(echo_search)
+    first = model.session_for(2)
+    assert model.session_for(4) is first and opened == [1]
+
+
+# -- feeds and outputs ------------------------------------------------------------------------
+
+def test_lines_are_encoded_with_eos_and_cut_to_the_limit_with_a_warning():
+    warnings = []
+    model = translator(warn=warnings.append)
+    assert model.encode("abc", 1) == [97, 98, 99, EOS]
+    assert model.encode("abcdefg", 9) == [97, 98, 99, 100, 101, EOS]  # limit 6 - 1 for EOS
+    assert warnings == ["line 9: 7 tokens, truncated to the model's limit of 5"]
+    assert model.encode("abcde", 2) == [97, 98, 99, 100, 101, EOS] and len(warnings) == 1
+
+
+def test_output_length_by_ratio_or_asked_and_never_past_the_model():
+    model = translator()
+    assert model.new_tokens(2, None) == min(int(1.5 * 2) + 10, 8) == 8
+    assert translator(meta={"max_output_tokens": "100"}).new_tokens(4, None) == 16
+    assert model.new_tokens(2, 5) == 5 and model.new_tokens(2, 50) == 8
+
+
+def test_translate_restores_the_order_and_keeps_blank_lines_blank():
+    session = Session(echo_search)
+    model = translator(meta={"max_output_tokens": "30"}, session=session)
+    lines = ["abc", "", "de", "  ", "fghij"]
+    assert model.translate(lines, batch_size=2) == ["cba", "", "ed", "", "jihgf"]
+    names, feeds = session.calls[0]
+    assert names == ["sequences"] and feeds[SCORE_SWITCH] == [0]
+    assert feeds["num_beams"] == [4]  # the export's beam by default
+    model.translate(["abc"], beam=2, max_length=3)
+    names, feeds = session.calls[-1]
+    assert feeds["num_beams"] == [2] and feeds["max_length"] == [4]  # + the BOS
+
+
+def test_n_best_lists_carry_scores_and_lengths_as_the_search_counts_them():
+    session = Session(echo_search)
+    model = translator(meta={"max_output_tokens": "30"}, session=session)
+    found = model.translate_scored(["abc", "", "de"], n_best=3, batch_size=8)
+    assert found[1] == ()
+    assert [s.text for s in found[0]] == ["cba", "abc", "bc"]
+    assert [s.score for s in found[0]] == [-1.0, -2.0, -3.0]
+    assert [s.tokens for s in found[0]] == [4, 4, 3]  # the ids + EOS
+    assert [s.text for s in found[2]] == ["ed", "de", "e"]
+    names, feeds = session.calls[0]
+    assert names == ["sequences", "sequences_scores"] and feeds[SCORE_SWITCH] == [1]
+    assert feeds["num_return_sequences"] == [3]
+
+
+def test_a_translation_cut_by_the_output_limit_has_no_eos_in_its_length():
+    model = translator(meta={"max_output_tokens": "3"})
+    (best,) = model.translate_scored(["abcdef"], max_length=3)[0]
+    assert best.text == "edc" and best.tokens == 3  # three tokens, no room for EOS
+    (short,) = translator(meta={"max_output_tokens": "3"}).translate_scored(["ab"])[0]
+    assert short.tokens == 3  # two tokens + EOS
+
+
+def test_a_file_without_scores_gives_none_and_asks_for_sequences_only():
+    session = Session(echo_search, inputs=("input_ids",))
+    model = translator(meta={"outputs": "sequences"}, session=session)
+    (best,) = model.translate_scored(["ab"])[0]
+    assert best.score is None and best.text == "ba"
+    names, feeds = session.calls[0]
+    assert names == ["sequences"] and SCORE_SWITCH not in feeds
+    assert model.confidence(best) is None
+
+
+@pytest.mark.parametrize("n_best, beam", [(0, 4), (5, 4), (2, 1)])
+def test_an_n_best_list_longer_than_the_beam_or_empty_is_refused(n_best, beam):
+    with pytest.raises(PipelineError) as caught:
+        translator().translate_scored(["ab"], beam=beam, n_best=n_best)
+    assert str(caught.value) == (f"n-best {n_best}: a search with beam {beam} returns 1 to "
+                                 f"{beam} hypotheses (raise the beam for more)")
+    generation.check_n_best(beam, beam)  # the whole beam is allowed
+
+
+# -- confidence -------------------------------------------------------------------------------
+
+def test_confidence_reads_the_files_curve_and_undoes_its_length_penalty():
+    curve = confidence.Calibration(2.0, 1.0, 30.0, 100)
+    model = translator(meta={"confidence": curve.to_metadata(), "length_penalty": "0.5"})
+    best = generation.Scored("x", score=-2.0, tokens=4)  # mean log p: -2 x 4**0.5 / 4 = -1
+    assert model.confidence(best) == pytest.approx(1 / (1 + math.exp(1.0)))
+    assert model.calibration == curve
+    plain = translator()
+    assert plain.confidence(generation.Scored("x", -0.5, 3)) == pytest.approx(math.exp(-0.5))
+    assert plain.confidence(generation.Scored("x", None, 3)) is None
+
+
+def test_metadata_properties():
+    model = translator()
+    assert (model.default_beam, model.source_piece_limit, model.eos, model.pad) == (4, 5, 3, 0)
+    assert model.provider == "CPUExecutionProvider" and model.scored
+    assert not translator(meta={"outputs": "sequences"}).scored
+
+
+# -- text models ------------------------------------------------------------------------------
+
+TEXT_META = {"format": TEXT_FORMAT, "beam_size": "4", "max_length_ratio": "1.5",
+             "max_source_tokens": "6", "outputs": "sequences,sequences_scores",
+             TEXT_INPUTS: "num_beams,num_return_sequences",
+             TEXT_OUTPUTS: f"translation,score,{TEXT_N_BEST_TEXTS},scores"}
+
+
+def text_reply(names, feeds):
+    """n hypotheses per line: the line upper-cased, then with 1, 2, ... appended."""
+    lines = list(feeds["text"])
+    n = int(feeds.get("num_return_sequences", [1])[0])
+    texts = [[line.upper() + (str(k) if k else "") for k in range(n)] for line in lines]
+    scores = [[-0.5 * (k + 1) for k in range(n)] for _ in lines]
+    out = {"translation": np.array([row[0] for row in texts], dtype=object),
+           "score": np.array([row[0] for row in scores], np.float32),
+           "translations": np.array(texts, dtype=object),
+           "scores": np.array(scores, np.float32)}
+    return [out[name] for name in names]
+
+
+def text_model(meta=None, inputs=("text", SCORE_SWITCH)) -> tuple:
+    session = Session(text_reply, inputs=inputs)
+    return generation.TextTranslator(session, TEXT_META | (meta or {})), session
+
+
+def test_a_text_model_returns_n_best_lists_with_scores_in_order():
+    model, session = text_model()
+    found = model.translate_scored(["ab", "", "c"], n_best=2, batch_size=8)
+    assert found[1] == ()
+    assert [(s.text, s.score, s.tokens) for s in found[0]] == [("AB", -0.5, None),
+                                                               ("AB1", -1.0, None)]
+    assert [s.text for s in found[2]] == ["C", "C1"]
+    names, feeds = session.calls[0]
+    assert names == ["translations", "scores"] and feeds[SCORE_SWITCH] == [1]
+    assert feeds["num_return_sequences"] == [2] and "num_beams" not in feeds
+
+
+def test_a_text_model_takes_another_beam_only_where_its_file_has_the_input():
+    model, session = text_model()
+    assert model.translate(["ab", "cd"], beam=2) == ["AB", "CD"]
+    names, feeds = session.calls[-1]
+    assert names == ["translation"] and feeds["num_beams"] == [2]
+    assert feeds[SCORE_SWITCH] == [0]
+    feeds = model.search_feeds(None)
+    assert list(feeds) == ["num_return_sequences"]
+    assert feeds["num_return_sequences"].tolist() == [1]
+    assert feeds["num_return_sequences"].dtype == np.int32
+    old, _ = text_model({TEXT_INPUTS: "", TEXT_OUTPUTS: "translation,score"})
+    assert old.search_feeds(3, 2) == {} and not old.has_n_best and old.optional_inputs == []
+    with pytest.raises(PipelineError) as caught:
+        old.translate(["ab"], beam=2)
+    assert str(caught.value) == (
+        "a text model searches as exported (beam 4, output length by ratio 1.5): use the "
+        "generation model (model.onnx) for --beam/--max-length, or write a text model with "
+        "other settings (python -m src.text_graph --help)")
+    old.check_search(4, None)  # the export's beam is fine
+
+
+def test_no_text_model_takes_an_output_length():
+    model, _ = text_model()
+    with pytest.raises(PipelineError) as caught:
+        model.translate(["ab"], max_length=5)
+    assert str(caught.value) == (
+        "a text model searches as exported (output length by ratio 1.5): use the generation "
+        "model (model.onnx) for --max-length, or write a text model with other settings "
+        "(python -m src.text_graph --help)")
+
+
+def test_a_text_model_without_n_best_lists_or_scores():
+    old, session = text_model({TEXT_INPUTS: "", TEXT_OUTPUTS: "translation,score",
+                               "outputs": "sequences"}, inputs=("text",))
+    (best,) = old.translate_scored(["ab"])[0]
+    assert (best.text, best.score) == ("AB", None)
+    names, feeds = session.calls[-1]
+    assert names == ["translation"] and SCORE_SWITCH not in feeds
+    with pytest.raises(PipelineError) as caught:
+        old.translate_scored(["ab"], n_best=2)
+    assert str(caught.value).startswith("this text model returns one translation per line "
+                                        "(written before n-best lists)")
+    with pytest.raises(PipelineError) as caught:
+        text_model()[0].translate_scored(["ab"], n_best=5)
+    assert str(caught.value).startswith("n-best 5: a search with beam 4 returns 1 to 4")
+
+
+def test_text_model_batches_go_by_source_tokens_when_the_file_has_its_tokenizer(monkeypatch):
+    model, _ = text_model()
+    assert model.source is None and model.source_lengths(["ab"]) is None
+    model.__dict__["source"] = Chars()
+    assert model.source_lengths(["abc", " ", "abcdefgh"]) == {0: 4, 2: 6}  # cut to 5, + EOS
+
+
+# -- opening a file ---------------------------------------------------------------------------
+
+def opened(monkeypatch, meta, provider="CPUExecutionProvider"):
+    session = Session(echo_search, provider=provider)
+    session.get_modelmeta = lambda: SimpleNamespace(custom_metadata_map=meta)
+    monkeypatch.setattr(generation, "open_operator_session", lambda *a: None)
+    monkeypatch.setattr(generation, "open_session", lambda *a: session)
+    return session
+
+
+def test_a_file_that_is_not_ours_is_refused_naming_its_format(monkeypatch, tmp_path):
+    opened(monkeypatch, {"format": "something-else"})
+    with pytest.raises(PipelineError) as caught:
+        generation.load_translator(tmp_path / "m.onnx")
+    assert str(caught.value) == (f"{tmp_path / 'm.onnx'} is not a translation model written by "
+                                 f"src.export (metadata format 'something-else', expected "
+                                 f"{GRAPH_FORMAT})")
+
+
+def test_a_text_model_opens_without_a_tokenizer_and_refuses_one(monkeypatch, tmp_path):
+    opened(monkeypatch, dict(TEXT_META))
+    model = generation.load_translator(tmp_path / "m.onnx")
+    assert isinstance(model, generation.TextTranslator) and model.open_batch is not None
+    with pytest.raises(PipelineError) as caught:
+        generation.load_translator(tmp_path / "m.onnx", tokenizer_dir=tmp_path)
+    assert str(caught.value) == (f"{tmp_path / 'm.onnx'} is a text model with its tokenizer "
+                                 f"inside; drop --tokenizer")
+
+
+def test_on_cuda_batches_keep_the_files_own_session(monkeypatch, tmp_path):
+    opened(monkeypatch, dict(TEXT_META), provider="CUDAExecutionProvider")
+    assert generation.load_translator(tmp_path / "m.onnx").open_batch is None
+
+
+def test_a_generation_model_needs_its_own_tokenizer(monkeypatch, tmp_path):
+    opened(monkeypatch, dict(META))
+    with pytest.raises(PipelineError) as caught:
+        generation.load_translator(tmp_path / "m.onnx")
+    assert str(caught.value) == (f"tokenizer not found: {tmp_path / 'tokenizer/source.model'} "
+                                 f"(pass --tokenizer DIR)")
+    tok = tmp_path / "tokenizer"
+    tok.mkdir()
+    for side in ("source", "target"):
+        (tok / f"{side}.model").write_bytes(b"x")
+    with pytest.raises(PipelineError) as caught:
+        generation.load_translator(tmp_path / "m.onnx")
+    assert str(caught.value) == (f"tokenizer {tok / 'source.model'} does not match the model "
+                                 f"(its sha256 differs from the one recorded at export): use "
+                                 f"the tokenizer exported with m.onnx")
