@@ -169,3 +169,17 @@ def test_an_arrow_column_of_several_chunks_reads_as_one_ragged_array():
     ragged = ragged_column(column)
     assert ragged.tolist() == [[1, 2], [3], [], [4, 5, 6]]
     assert ragged.offsets.tolist() == [0, 2, 3, 3, 6] and ragged.values.dtype == np.int32
+
+
+def test_a_budget_below_one_example_sorts_nothing_across_examples():
+    """Pools of at least one example: with a budget far below an example's tokens, each
+    example is its own pool and its own batch, in the (unshuffled) corpus order."""
+    assert token_batches([100, 50, 70], [100, 50, 70], 1, seed=0, shuffle=False) == [
+        [0], [1], [2]]
+
+
+def test_an_empty_arrow_column_is_an_empty_ragged_array():
+    ragged = ragged_column(pa.chunked_array([], type=pa.list_(pa.int64())))
+    assert ragged.tolist() == [] and len(ragged) == 0
+    assert ragged.values.dtype == np.int32 and ragged.values.shape == (0,)
+    assert ragged.offsets.tolist() == [0]

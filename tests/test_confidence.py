@@ -150,3 +150,36 @@ def test_review_catch_reviews_at_least_one_and_the_share_rounded():
     assert confidence.review_catch(conf, quality, share=0.25) == 0.5
     assert confidence.review_catch(conf, quality, share=0.3) == pytest.approx(2 / 3)
     assert confidence.review_catch(conf, quality) == 1.0  # default share 0.1: k = 1
+
+
+def test_the_curve_is_stored_as_sorted_json_so_equal_curves_give_equal_files():
+    fitted = confidence.Calibration(1.5, 2.25, 30.0, 1000)
+    assert fitted.to_metadata() == (
+        '{"chrf_threshold": 30.0, "intercept": 2.25, "sentences": 1000, "slope": 1.5}')
+
+
+def test_a_fitted_curve_keeps_its_threshold_and_the_default_regularisation():
+    features = [-2.0, -1.5, -0.5, -0.2]
+    good = [False, False, True, True]
+    fitted = confidence.fit(features, good, chrf_threshold=45.0)
+    assert fitted.chrf_threshold == 45.0
+    assert fitted == confidence.fit(features, good, chrf_threshold=45.0, l2=1e-3)
+    assert fitted != confidence.fit(features, good, chrf_threshold=45.0, l2=1.0)
+
+
+# 40 values of three levels: numpy's default (unstable) sort orders the ties otherwise
+TIED = [1, 1, 2, 2, 0, 0, 2, 2, 0, 0, 2, 1, 0, 2, 0, 1, 1, 1, 0, 0, 2, 2, 2, 1, 2, 0, 1, 2, 0, 0,
+        0, 1, 2, 0, 1, 1, 2, 0, 1, 0]
+
+
+def test_equal_confidences_keep_their_order_in_coverage_and_review():
+    distinct = [float(i) for i in range(40)]
+    # the least confident three of the tied: rows 4, 5, 8 (the first three at level 0)
+    worst_are_4_5_8 = [0.0 if i in (4, 5, 8) else 50.0 + i for i in range(40)]
+    assert confidence.review_catch(TIED, worst_are_4_5_8, share=3 / 40) == 1.0
+    # and the worst three of tied qualities are rows 4, 5, 8 too
+    least_confident_4_5_8 = [0.0 if i in (4, 5, 8) else 1.0 + i for i in range(40)]
+    assert confidence.review_catch(least_confident_4_5_8, TIED, share=3 / 40) == 1.0
+    # the most confident first: the level-2 rows in their order (2, 3, 6, 7, 10, ...)
+    kept = confidence.risk_coverage(TIED, distinct, points=40)
+    assert [row["mean_chrf"] for row in kept[:5]] == [2.0, 2.5, 3.667, 4.5, 5.6]

@@ -23,7 +23,9 @@ from src.runtime.contract import (
     TEXT_OUTPUTS,
 )
 
-BOS, EOS, PAD = 2, 3, 0
+# The file's special ids differ from the project's defaults (EOS 3, PAD 0), so a translator that
+# used the defaults instead of its file's metadata would show.
+BOS, UNK, EOS, PAD = 2, 4, 5, 9
 META = {"format": GRAPH_FORMAT, "eos_id": str(EOS), "pad_id": str(PAD), "beam_size": "4",
         "max_source_tokens": "6", "max_output_tokens": "8", "max_length_ratio": "1.5",
         "length_penalty": "1.0", "outputs": "sequences,sequences_scores"}
@@ -53,12 +55,14 @@ class Session:
 
     def run(self, names, feeds):
         self.calls.append((list(names), {k: np.asarray(v).tolist() for k, v in feeds.items()}))
+        self.dtypes = {k: np.asarray(v).dtype for k, v in feeds.items()}
         return self.reply(names, feeds)
 
 
 def echo_search(names, feeds):
     """Each row's source reversed (without EOS and padding) as hypothesis 1, the source as is
-    as hypothesis 2, then with its first id dropped, and so on; scores -1, -2, ..."""
+    as hypothesis 2, then with its first id dropped, and so on; scores -1, -2, ... Every
+    hypothesis starts with UNK, a special id below the file's EOS that decoding drops."""
     src = feeds["input_ids"]
     n = int(feeds["num_return_sequences"][0])
     longest = int(feeds["max_length"][0])
@@ -66,7 +70,7 @@ def echo_search(names, feeds):
     for row in src.tolist():
         ids = [t for t in row if t not in (EOS, PAD)]
         hyps = [ids[::-1]] + [ids[k - 2:] for k in range(2, n + 1)]
-        hyps = [h[: longest - 1] for h in hyps]
+        hyps = [[UNK, *h][: longest - 1] for h in hyps]
         rows.append([[BOS, *h, *[PAD] * (longest - 1 - len(h))] for h in hyps])
         scores.append([-1.0 * (k + 1) for k in range(n)])
     out = {"sequences": np.array(rows, np.int32), "sequences_scores": np.array(scores, np.float32)}
@@ -142,7 +146,7 @@ def test_n_best_lists_carry_scores_and_lengths_as_the_search_counts_them():
     assert found[1] == ()
     assert [s.text for s in found[0]] == ["cba", "abc", "bc"]
     assert [s.score for s in found[0]] == [-1.0, -2.0, -3.0]
-    assert [s.tokens for s in found[0]] == [4, 4, 3]  # the ids + EOS
+    assert [s.tokens for s in found[0]] == [5, 5, 4]  # the ids (UNK among them) + EOS
     assert [s.text for s in found[2]] == ["ed", "de", "e"]
     names, feeds = session.calls[0]
     assert names == ["sequences", "sequences_scores"] and feeds[SCORE_SWITCH] == [1]
@@ -152,9 +156,9 @@ def test_n_best_lists_carry_scores_and_lengths_as_the_search_counts_them():
 def test_a_translation_cut_by_the_output_limit_has_no_eos_in_its_length():
     model = translator(meta={"max_output_tokens": "3"})
     (best,) = model.translate_scored(["abcdef"], max_length=3)[0]
-    assert best.text == "edc" and best.tokens == 3  # three tokens, no room for EOS
-    (short,) = translator(meta={"max_output_tokens": "3"}).translate_scored(["ab"])[0]
-    assert short.tokens == 3  # two tokens + EOS
+    assert best.text == "ed" and best.tokens == 3  # UNK e d: no room for EOS
+    (short,) = translator(meta={"max_output_tokens": "4"}).translate_scored(["ab"])[0]
+    assert short.text == "ba" and short.tokens == 4  # UNK b a + EOS
 
 
 def test_a_file_without_scores_gives_none_and_asks_for_sequences_only():
@@ -191,7 +195,7 @@ def test_confidence_reads_the_files_curve_and_undoes_its_length_penalty():
 
 def test_metadata_properties():
     model = translator()
-    assert (model.default_beam, model.source_piece_limit, model.eos, model.pad) == (4, 5, 3, 0)
+    assert (model.default_beam, model.source_piece_limit, model.eos, model.pad) == (4, 5, 5, 9)
     assert model.provider == "CPUExecutionProvider" and model.scored
     assert not translator(meta={"outputs": "sequences"}).scored
 
@@ -337,3 +341,171 @@ def test_a_generation_model_needs_its_own_tokenizer(monkeypatch, tmp_path):
     assert str(caught.value) == (f"tokenizer {tok / 'source.model'} does not match the model "
                                  f"(its sha256 differs from the one recorded at export): use "
                                  f"the tokenizer exported with m.onnx")
+
+
+# -- what the survivors of mutation testing showed untested ------------------------------------
+
+class Words(Chars):
+    """One id per word: token counts and character counts order lines differently."""
+
+    def encode(self, text: str) -> list[int]:
+        return [100 + len(word) for word in text.split()]
+
+
+def test_a_batch_search_gets_the_files_length_penalty_pad_and_eos():
+    session = Session(echo_search)
+    model = translator(meta={"length_penalty": "0.6", "max_output_tokens": "30"},
+                       session=session)
+    assert model.translate(["ab", "cde"], batch_size=8) == ["ba", "edc"]  # UNK, PAD dropped
+    names, feeds = session.calls[0]
+    assert feeds["length_penalty"] == [pytest.approx(0.6)]
+    assert feeds["input_ids"] == [[97, 98, EOS, PAD], [99, 100, 101, EOS]]
+    found = model.translate_scored(["ab", "cde"], batch_size=8, max_length=3)
+    assert [hyps[0].text for hyps in found] == ["ba", "ed"]  # UNK + 2 of 3 allowed
+    names, feeds = session.calls[-1]
+    assert feeds["length_penalty"] == [pytest.approx(0.6)] and feeds["max_length"] == [4]
+
+
+def test_run_scored_returns_one_hypothesis_by_default():
+    found = translator().run_scored([[97, 98, EOS]], beam=4, max_length=None)
+    assert len(found) == 1 and [s.text for s in found[0]] == ["ba"]
+    model, session = text_model()
+    assert [s.text for s in model.run_scored(["ab"])[0]] == ["AB"]
+    assert session.calls[-1][1]["num_return_sequences"] == [1]
+
+
+def test_a_batchs_n_best_lists_go_to_the_operator_unless_the_loop_returns_them():
+    own, batch = Session(echo_search), Session(echo_search)
+    model = translator(meta={"max_output_tokens": "30"}, session=own, batch=batch)
+    model.translate_scored(["ab", "cd"], n_best=2, batch_size=8)
+    assert len(own.calls) == 1 and not batch.calls
+    model.translate_scored(["ab", "cd"], batch_size=8)
+    assert len(batch.calls) == 1
+    text, text_session = text_model()
+    text.open_batch = lambda: batch
+    text.translate_scored(["ab", "cd"], n_best=2, batch_size=8)
+    assert len(text_session.calls) == 1 and len(batch.calls) == 1
+
+
+def test_default_batches_hold_32_lines():
+    session = Session(echo_search)
+    model = translator(meta={"max_output_tokens": "30"}, session=session)
+    model.translate([f"l{i:02}" for i in range(40)])
+    model.translate_scored([f"l{i:02}" for i in range(40)])
+    assert [len(feeds["input_ids"]) for _, feeds in session.calls] == [32, 8, 32, 8]
+    text, text_session = text_model()
+    text.translate([f"l{i:02}" for i in range(40)])
+    text.translate_scored([f"l{i:02}" for i in range(40)])
+    assert [len(feeds["text"]) for _, feeds in text_session.calls] == [32, 8, 32, 8]
+
+
+def test_batches_are_sorted_by_source_tokens_not_characters():
+    session = Session(echo_search)
+    model = generation.Translator(session, META | {"max_output_tokens": "30"}, Words(),
+                                  Chars(), warn=lambda m: None)
+    lines = ["a b c d", "abcdefghijkl"]  # 4 tokens in 7 characters, 1 token in 12
+    model.translate(lines, batch_size=1)
+    model.translate_scored(lines, batch_size=1)
+    firsts = [feeds["input_ids"][0][0] for _, feeds in session.calls]
+    assert firsts == [112, 101, 112, 101]  # the one-token line first
+    text, text_session = text_model()
+    text.__dict__["source"] = Words()
+    text.translate(lines, batch_size=1)
+    text.translate_scored(lines, batch_size=1)
+    assert [feeds["text"][0] for _, feeds in text_session.calls] == [lines[1], lines[0]] * 2
+
+
+def test_warnings_name_the_line_from_the_first_line_number():
+    warnings = []
+    model = translator(warn=warnings.append, meta={"max_output_tokens": "30"})
+    model.translate(["ab", "abcdefgh"])
+    model.translate_scored(["abcdefgh", "ab"], first_line_no=10)
+    assert [w.split(":")[0] for w in warnings] == ["line 2", "line 10"]
+
+
+def test_a_text_model_is_fed_object_strings_and_int32_settings():
+    model, session = text_model()
+    model.translate(["ab", "cd"], beam=3)
+    assert session.dtypes["text"].kind == "O" and session.dtypes["num_beams"] == np.int32
+    model.translate_scored(["ab", "cd"], beam=3, n_best=2)
+    assert session.dtypes["text"].kind == "O" and session.calls[-1][1]["num_beams"] == [3]
+
+
+def test_a_text_models_refusals_apply_to_n_best_lists_too():
+    old, _ = text_model({TEXT_INPUTS: "", TEXT_OUTPUTS: "translation,score"})
+    with pytest.raises(PipelineError, match="searches as exported"):
+        old.translate_scored(["ab"], beam=2)
+    with pytest.raises(PipelineError, match="searches as exported"):
+        text_model()[0].translate_scored(["ab"], max_length=4)
+    with pytest.raises(PipelineError) as caught:
+        text_model()[0].translate_scored(["ab"], beam=2, n_best=3)
+    assert str(caught.value).startswith("n-best 3: a search with beam 2 returns 1 to 2")
+    with pytest.raises(PipelineError) as caught:
+        old.translate_scored(["ab"], n_best=2)
+    assert str(caught.value) == (
+        "this text model returns one translation per line (written before n-best lists): use "
+        "the generation model (model.onnx) for --n-best, or write the text model again "
+        "(python -m src.text_graph --help)")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    from toy_corpus import toy_pairs
+
+    from src.data.subword import train_spm
+
+    folder = tmp_path_factory.mktemp("tokenizer")
+    model = train_spm([side for pair in toy_pairs() for side in pair], vocab_size=400,
+                      model_type="unigram", character_coverage=1.0, byte_fallback=True, seed=0)
+    (folder / "source.model").write_bytes(model)
+    (folder / "target.model").write_bytes(model[:-1] + model[-1:])
+    return folder
+
+
+def test_a_generation_model_opens_with_the_tokenizer_its_export_recorded(monkeypatch, tmp_path,
+                                                                         tokenizer_dir):
+    from src.runtime.sessions import DEFAULT_THREADS, tokenizer_metadata
+
+    session = Session(echo_search)
+    session.get_modelmeta = lambda: SimpleNamespace(
+        custom_metadata_map=META | tokenizer_metadata(tokenizer_dir))
+    asked = []
+    monkeypatch.setattr(generation, "open_operator_session",
+                        lambda *args: asked.append(("operator", *args)) and None)
+    monkeypatch.setattr(generation, "open_session",
+                        lambda *args: asked.append(("plain", *args)) or session)
+    monkeypatch.setattr(generation, "open_batch_session",
+                        lambda *args: asked.append(("batch", *args)) or "batch session")
+    path, warn = tmp_path / "m.onnx", print
+    model = generation.load_translator(path, tokenizer_dir, provider="cpu", warn=warn)
+    assert asked == [("operator", path, "cpu", DEFAULT_THREADS, warn),
+                     ("plain", path, "cpu", DEFAULT_THREADS, warn)]
+    assert isinstance(model, generation.Translator) and model.session is session
+    assert model.meta["eos_id"] == str(EOS) and model.warn is warn
+    assert model.source.encode("hello") == model.target.encode("hello") != []
+    assert model.batch_session == "batch session"
+    assert asked[-1] == ("batch", path, "cpu", DEFAULT_THREADS, warn)
+    generation.load_translator(path, tokenizer_dir, threads=3)
+    assert asked[-2][1:] == (path, "auto", 3, generation.warn_stderr)
+
+
+def test_the_operator_session_is_used_when_the_file_has_one(monkeypatch, tmp_path):
+    operator = Session(text_reply)
+    operator.get_modelmeta = lambda: SimpleNamespace(custom_metadata_map=dict(TEXT_META))
+    monkeypatch.setattr(generation, "open_operator_session", lambda *args: operator)
+    monkeypatch.setattr(generation, "open_session", lambda *args: pytest.fail("not needed"))
+    model = generation.load_translator(tmp_path / "m.onnx")
+    assert model.session is operator and model.meta == TEXT_META
+
+
+def test_a_tokenizer_side_that_does_not_match_is_named(tmp_path, tokenizer_dir):
+    from src.runtime.sessions import tokenizer_metadata
+
+    meta = tokenizer_metadata(tokenizer_dir)
+    source, target = generation.load_tokenizers_for(tmp_path / "m.onnx", tokenizer_dir, meta)
+    assert source.encode("hello") == target.encode("hello")
+    wrong = meta | {"target_tokenizer_sha256": "0" * 64}
+    with pytest.raises(PipelineError) as caught:
+        generation.load_tokenizers_for(tmp_path / "m.onnx", tokenizer_dir, wrong)
+    assert str(caught.value).startswith(f"tokenizer {tokenizer_dir / 'target.model'} does not "
+                                        f"match the model")

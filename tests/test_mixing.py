@@ -163,3 +163,23 @@ def test_corpora_without_one_valid_line_are_one_line_naming_them(tmp_path):
     with pytest.raises(PipelineError) as caught:
         mix([empty, blank], PAIR, cfg())
     assert str(caught.value) == (f"{empty.path}, {blank.path}: no valid 'en<TAB>zh' line found")
+
+
+def test_two_distinct_pairs_that_share_a_digest_are_both_kept():
+    import pyarrow as pa
+
+    table = pa.table({"source": ["a", "c", "a"], "target": ["b", "d", "b"],
+                      "digest": pa.array([7, 7, 9], pa.int64())})
+    assert mixing.first_occurrences(table).tolist() == [True, True, True]
+    twice = pa.table({"source": ["a", "a"], "target": ["b", "b"],
+                      "digest": pa.array([7, 7], pa.int64())})
+    assert mixing.first_occurrences(twice).tolist() == [True, False]
+
+
+def test_a_last_corpus_that_adds_nothing_still_gets_its_counts(tmp_path):
+    pairs = numbered("p", 20)
+    first = corpus(tmp_path, "first", pairs)
+    echo = corpus(tmp_path, "echo", pairs[:5], weight=2.0)  # every pair a duplicate
+    got = mix([first, echo], PAIR, cfg()).counts["echo"]
+    assert got["read"] == 5 and got["dropped_duplicate"] == 5
+    assert got["kept"] == got["train"] == got["train_weighted"] == 0

@@ -231,6 +231,11 @@ def test_dims_that_match_pass_and_dropout_may_differ():
     init_from.check_dims(model_params(dropout=0.3), dict(DIMS), "p")
     init_from.check_dims(model_params(decoder_layers=1), dict(DIMS), "p")  # 0 = n_layers = 1
     init_from.check_dims(model_params(), DIMS | {"decoder_layers": 1}, "p")
+    # a parent with fewer decoder than encoder layers, and params that say the same
+    init_from.check_dims(model_params(n_layers=2, decoder_layers=1),
+                         DIMS | {"n_layers": 2, "decoder_layers": 1}, "p")
+    init_from.check_dims(model_params(n_layers=1, decoder_layers=2),
+                         DIMS | {"n_layers": 1, "decoder_layers": 2}, "p")
 
 
 @pytest.mark.parametrize("key, ours", [

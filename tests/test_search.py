@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from src.data.subword import EOS, UNK
@@ -85,3 +86,72 @@ def test_beam_search_on_a_real_model_is_batch_independent():
     ]
     assert together == alone
     assert all(UNK not in hyp for hyp in together)
+
+
+def small_model() -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(40, 40, d_model=16, n_heads=2, n_layers=2, ffn_dim=32, dropout=0.0,
+                         max_positions=12)
+    return Transformer(config).eval()
+
+
+def test_translate_ids_batches_by_length_and_returns_the_input_order():
+    from src.nmt.search import length_sorted_batches, translate_ids
+
+    model = small_model()
+    sources = [[5, 6, 7, 8], [9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]]
+    assert length_sorted_batches(sources, 2) == [[1, 2], [0, 3]]
+    assert length_sorted_batches(sources, 3) == [[1, 2, 0], [3]]
+    one_by_one = [translate_ids(model, [s], beam=3, length_penalty=0.6, max_length_ratio=1.5,
+                                batch_size=1)[0] for s in sources]
+    together = translate_ids(model, sources, beam=3, length_penalty=0.6, max_length_ratio=1.5,
+                             batch_size=2)
+    assert together == one_by_one
+    scored = translate_ids(model, sources, beam=3, length_penalty=0.6, max_length_ratio=1.5,
+                           batch_size=4, with_scores=True)
+    assert [ids for ids, _ in scored] == together
+    want = [beam_search(model, torch.tensor([s[:11] + [EOS]]), 3,
+                        min(int(1.5 * (len(s[:11]) + 1)) + 10, 11), 0.6, with_scores=True)[0]
+            for s in sources]
+    # the source clipped to the model, the output limit by ratio
+    assert [ids for ids, _ in scored] == [ids for ids, _ in want]
+    assert [score for _, score in scored] == pytest.approx([score for _, score in want],
+                                                           abs=1e-5)
+    greedy = translate_ids(model, sources, beam=1, length_penalty=1.0, max_length_ratio=0.1,
+                           batch_size=1)
+    assert greedy == [greedy_search(model, torch.tensor([s[:11] + [EOS]]),
+                                    min(int(0.1 * (len(s[:11]) + 1)) + 10, 11))[0]
+                      for s in sources]
+
+
+def test_translate_ids_advances_the_progress_by_each_batch():
+    from src.nmt.search import translate_ids
+
+    class Progress:
+        def __init__(self):
+            self.tasks, self.steps = [], []
+
+        def add_task(self, name, total):
+            self.tasks.append((name, total))
+            return 7
+
+        def advance(self, task, n):
+            self.steps.append((task, n))
+
+    progress = Progress()
+    translate_ids(small_model(), [[5], [6, 7], [8, 9, 10]], beam=2, length_penalty=1.0,
+                  max_length_ratio=1.0, batch_size=2, progress=progress)
+    assert progress.tasks == [("translate", 3)] and progress.steps == [(7, 2), (7, 1)]
+
+
+def test_the_output_limit_follows_the_longest_source_row():
+    from src.nmt.search import max_output_length, source_batch
+
+    model = small_model()
+    src = source_batch([[5, 6, 7], [8], list(range(5, 25))], [0, 1], model.max_positions)
+    assert src.tolist() == [[5, 6, 7, EOS], [8, EOS, 0, 0]]
+    assert max_output_length(src, 1.5, model) == 11  # min(int(1.5 x 4) + 10, 12 - 1)
+    assert max_output_length(src[1:, :2], 0.5, model) == 11  # min(1 + 10, 11)
+    assert max_output_length(src[1:, :2], 0.1, model) == 10
+    clipped = source_batch([list(range(5, 25))], [0], model.max_positions)
+    assert clipped.shape == (1, 12) and clipped[0, -1] == EOS

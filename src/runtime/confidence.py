@@ -24,6 +24,8 @@ METADATA_KEY = "confidence"
 # "A bad translation", the event the confidence predicts the absence of: sentence chrF below
 # this (on the 0-100 scale). Chosen once, for the default corpus's short sentences.
 CHRF_THRESHOLD = 30.0
+# numpy's stable sort: equal values keep their input order (numpy reads the name in any case)
+STABLE = "stable"  # pragma: no mutate
 
 
 def mean_logp(score: float, tokens: int | None, length_penalty: float) -> float | None:
@@ -51,7 +53,11 @@ class Calibration:
 
 
 def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    # Both forms are the sigmoid; each side uses the one whose exp cannot overflow, so where
+    # the switch sits (0, or a mutant's 1) changes nothing.
+    if x >= 0:  # pragma: no mutate
+        return 1.0 / (1.0 + math.exp(-x))
+    return math.exp(x) / (1.0 + math.exp(x))
 
 
 def from_metadata(meta: Mapping[str, str]) -> Calibration | None:
@@ -67,12 +73,16 @@ def confidence(feature: float | None, calibration: Calibration | None) -> float 
 
 
 def fit(features: Sequence[float], good: Sequence[bool], chrf_threshold: float = CHRF_THRESHOLD,
-        l2: float = 1e-3, steps: int = 50) -> Calibration:
+        l2: float = 1e-3,
+        steps: int = 50,  # pragma: no mutate (a cap: Newton converges in under ten steps)
+        ) -> Calibration:
     """Logistic regression of `good` on `features` (one feature: Newton's method on the
     L2-regularised log-likelihood, which converges in a few steps); a constant outcome gives
     a flat curve at its rate."""
-    x = np.asarray(features, dtype=np.float64)
-    y = np.asarray(good, dtype=np.float64)
+    # float64 however the caller gives them (numpy would infer float64 from floats, and the
+    # Newton step turns booleans into floats): no mutation of these two lines can show.
+    x = np.asarray(features, dtype=np.float64)  # pragma: no mutate
+    y = np.asarray(good, dtype=np.float64)  # pragma: no mutate
     keep = np.isfinite(x)
     x, y = x[keep], y[keep]
     if len(x) == 0 or y.min() == y.max():
@@ -87,7 +97,7 @@ def fit(features: Sequence[float], good: Sequence[bool], chrf_threshold: float =
         hessian = (design.T * (p * (1 - p))) @ design + l2 * np.eye(2)
         delta = np.linalg.solve(hessian, gradient)
         weights -= delta
-        if np.abs(delta).max() < 1e-9:
+        if np.abs(delta).max() < 1e-9:  # pragma: no mutate (< or <=: the same stop)
             break
     return Calibration(float(weights[0]), float(weights[1]), chrf_threshold, int(len(x)))
 
@@ -95,21 +105,15 @@ def fit(features: Sequence[float], good: Sequence[bool], chrf_threshold: float =
 def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     """Area under the ROC curve of `scores` ranking the `positive` cases first (ties count
     half: the Mann-Whitney U statistic); None without both kinds of case."""
-    s = np.asarray(scores, dtype=np.float64)
+    s = np.asarray(scores, dtype=np.float64)  # pragma: no mutate (floats either way)
     pos = np.asarray(positive, dtype=bool)
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if not n_pos or not n_neg:
         return None
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s))
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):  # average ranks over ties
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
+    # each value's rank, 1-based, averaged over equal values
+    _, group, counts = np.unique(s, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)  # the rank of each group's last member
+    ranks = (last - (counts - 1) / 2)[group]
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
@@ -117,9 +121,9 @@ def risk_coverage(confidences: Sequence[float], quality: Sequence[float],
                   points: int = 20) -> list[dict[str, float]]:
     """Keeping the most confident translations: at each coverage (share kept, 1/points steps),
     the mean quality (sentence chrF) of those kept."""
-    c = np.asarray(confidences, dtype=np.float64)
-    q = np.asarray(quality, dtype=np.float64)
-    order = np.argsort(-c, kind="mergesort")
+    c = np.asarray(confidences, dtype=np.float64)  # pragma: no mutate (floats either way)
+    q = np.asarray(quality, dtype=np.float64)  # pragma: no mutate
+    order = np.argsort(-c, kind=STABLE)  # equal confidences keep their order
     rows = []
     for k in range(1, points + 1):
         kept = max(1, round(len(c) * k / points))
@@ -132,9 +136,9 @@ def review_catch(confidences: Sequence[float], quality: Sequence[float],
                  share: float = 0.1) -> float:
     """Sending the least confident `share` of translations to review: the part of the worst
     `share` (by quality) that this catches (1.0: all of them; `share`: no better than chance)."""
-    c = np.asarray(confidences, dtype=np.float64)
-    q = np.asarray(quality, dtype=np.float64)
+    c = np.asarray(confidences, dtype=np.float64)  # pragma: no mutate (floats either way)
+    q = np.asarray(quality, dtype=np.float64)  # pragma: no mutate
     k = max(1, round(len(c) * share))
-    reviewed = set(np.argsort(c, kind="mergesort")[:k].tolist())
-    worst = set(np.argsort(q, kind="mergesort")[:k].tolist())
+    reviewed = set(np.argsort(c, kind=STABLE)[:k].tolist())  # ties: the earlier first
+    worst = set(np.argsort(q, kind=STABLE)[:k].tolist())
     return len(reviewed & worst) / k

