@@ -61,7 +61,7 @@ def resolve(init_from: str, pair: PairParams, dest: Path) -> dict:
         ref = registry.parse_model_uri(init_from)
         client = registry.open_client()
         version = registry.find_version(client, ref)
-        with tempfile.TemporaryDirectory(prefix=".parent-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=".parent-") as tmp:  # pragma: no mutate
             weights = registry.download_weights(client, ref, version, Path(tmp))
             copy_parent(weights / "model.pt", weights / "tokenizer", init_from, dest)
         record.update(name=ref.name, version=str(version.version), run_id=version.run_id)

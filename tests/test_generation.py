@@ -420,7 +420,8 @@ def test_warnings_name_the_line_from_the_first_line_number():
     model = translator(warn=warnings.append, meta={"max_output_tokens": "30"})
     model.translate(["ab", "abcdefgh"])
     model.translate_scored(["abcdefgh", "ab"], first_line_no=10)
-    assert [w.split(":")[0] for w in warnings] == ["line 2", "line 10"]
+    model.translate_scored(["abcdefgh"])
+    assert [w.split(":")[0] for w in warnings] == ["line 2", "line 10", "line 1"]
 
 
 def test_a_text_model_is_fed_object_strings_and_int32_settings():

@@ -275,3 +275,14 @@ def test_lineage_tags_name_the_parent_and_its_version():
                                   "version": "3"}) == {
         "init_from": "models:/m@c", "parent_sha256": "s", "parent_name": "m",
         "parent_version": "3"}
+
+
+def test_registered_weights_that_are_not_ours_are_named_by_the_uri(tmp_path, monkeypatch):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "model.pt").write_bytes(b"not a checkpoint")
+    Registry(weights).install(monkeypatch)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert error_of(lambda: parent.resolve("models:/nmt-en-zh/3", EN_ZH, dest)).startswith(
+        "train.init_from models:/nmt-en-zh/3 is not a checkpoint of ours (corrupt checkpoint")

@@ -38,9 +38,9 @@ class Batch:
         return int((self.src != PAD).sum() + (self.tgt_out != PAD).sum())
 
     def to(self, device) -> Batch:
-        # `.to(None)` is a no-op on the CPU: only a GPU could tell these mutants apart
-        return Batch(self.src.to(device), self.tgt_in.to(device),  # pragma: no mutate
-                     self.tgt_out.to(device))  # pragma: no mutate
+        tensors = (self.src, self.tgt_in, self.tgt_out)
+        # `.to(None)` is a no-op on the CPU: only a GPU could tell its mutant apart
+        return Batch(*(t.to(device) for t in tensors))  # pragma: no mutate
 
 
 def clip_source(ids: list[int], max_positions: int) -> list[int]:

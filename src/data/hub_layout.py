@@ -110,10 +110,15 @@ def text_columns(hub: HubSource, features: Mapping) -> list[str]:
     absent = [c for c in hub.columns if c not in features]
     if absent:
         raise missing(hub, f"column '{absent[0]}'", list(features))
-    extras = [name for name, kind in features.items() if name not in hub.columns
-              # a feature without a dtype (a list, a dict) is no text column
-              and getattr(kind, "dtype", "") in TEXT_DTYPES]  # pragma: no mutate
+    extras = [name for name, kind in features.items()
+              if name not in hub.columns and is_text(kind)]
     return [*hub.columns, *extras]
+
+
+def is_text(feature) -> bool:
+    """A string column (a feature without a dtype, such as a list or a dict, is not)."""
+    dtype = getattr(feature, "dtype", "")  # pragma: no mutate (None or "XXXX": not text either)
+    return dtype in TEXT_DTYPES
 
 
 def joined_columns(hub: HubSource, features: Mapping, config: str) -> None:

@@ -69,13 +69,12 @@ def batches(pairs: Iterator[Pair], index: int) -> Iterator[pa.RecordBatch]:
     # The batch size, Arrow's string type (what it infers from str) and fromiter's count
     # change memory and speed, not the table: pragma: no mutate on those lines.
     while chunk := list(islice(pairs, BATCH_PAIRS)):  # pragma: no mutate
-        yield pa.record_batch({
-            "source": pa.array([s for s, _ in chunk], pa.string()),  # pragma: no mutate
-            "target": pa.array([t for _, t in chunk], pa.string()),  # pragma: no mutate
-            "corpus": pa.array(np.full(len(chunk), index, np.int32)),
-            "digest": pa.array(
-                np.fromiter(map(hash, chunk), np.int64, len(chunk))),  # pragma: no mutate
-        })
+        sources = pa.array([s for s, _ in chunk], pa.string())  # pragma: no mutate
+        targets = pa.array([t for _, t in chunk], pa.string())  # pragma: no mutate
+        digests = np.fromiter(map(hash, chunk), np.int64, len(chunk))  # pragma: no mutate
+        yield pa.record_batch({"source": sources, "target": targets,
+                               "corpus": pa.array(np.full(len(chunk), index, np.int32)),
+                               "digest": pa.array(digests)})
 
 
 def first_occurrences(table: pa.Table) -> np.ndarray:
