@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -134,7 +135,13 @@ def main() -> int:
         start = text.index("only_mutate = [")
         end = text.index("]", start) + 1
         config.write_text(text[:start] + "only_mutate = " + json.dumps(wanted) + text[end:])
-    run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=args.work)
+    # A property test that fails kills its mutant without shrinking the example
+    # (tests/conftest.py). One thread: mutmut forks each mutant's run from a process that has
+    # imported torch, and a fork of a process with OpenMP threads hangs at its first parallel
+    # operator (each such mutant would wait out its timeout and count as killed).
+    env = os.environ | {"HYPOTHESIS_PROFILE": "mutation", "OMP_NUM_THREADS": "1",
+                        "MKL_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=args.work, env=env)
     table = scores(args.work)
     rows = []
     for module, counts in sorted(table.items()):

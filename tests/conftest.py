@@ -7,12 +7,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase, settings
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(Path(__file__).parent))  # toy_corpus
 
 os.environ.setdefault("NMT_TRACKING", "off")
+
+# Property tests (Hypothesis): under mutation testing (scripts/mutation_test.py sets
+# HYPOTHESIS_PROFILE=mutation) a failing example kills the mutant at once, without the shrinking
+# that would find a smaller one; set before the test modules build their settings.
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture

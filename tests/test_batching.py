@@ -183,3 +183,22 @@ def test_an_empty_arrow_column_is_an_empty_ragged_array():
     assert ragged.tolist() == [] and len(ragged) == 0
     assert ragged.values.dtype == np.int32 and ragged.values.shape == (0,)
     assert ragged.offsets.tolist() == [0]
+
+
+def test_both_sides_are_padded_to_the_length_multiple():
+    batch = make_batch([[5] * 9, [6]], [[7] * 3, [8]], max_positions=64, length_multiple=8)
+    assert batch.src.shape == (2, 16) and batch.tgt_in.shape == batch.tgt_out.shape == (2, 8)
+
+
+def test_the_encoded_splits_are_read_back_as_ragged_arrays(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    from src.data.batching import load_encoded
+
+    DatasetDict({"train": Dataset.from_dict({"source_ids": [[5, 6], [7]],
+                                             "target_ids": [[8], [9, 10, 11]]}),
+                 "valid": Dataset.from_dict({"source_ids": [[12]], "target_ids": [[13]]})}
+                ).save_to_disk(str(tmp_path / "tokenized"))
+    source, target = load_encoded(tmp_path / "tokenized", "train")
+    assert source.tolist() == [[5, 6], [7]] and target.tolist() == [[8], [9, 10, 11]]
+    assert load_encoded(tmp_path / "tokenized", "valid")[1].tolist() == [[13]]

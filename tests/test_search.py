@@ -155,3 +155,120 @@ def test_the_output_limit_follows_the_longest_source_row():
     assert max_output_length(src[1:, :2], 0.1, model) == 10
     clipped = source_batch([list(range(5, 25))], [0], model.max_positions)
     assert clipped.shape == (1, 12) and clipped[0, -1] == EOS
+
+
+# -- hypotheses that end: scores checked against the model itself ------------------------------
+
+class Ends:
+    """A small random Transformer whose EOS logit grows by `boost` per decoded token, so that
+    rows end at different steps, some before the limit and some at it."""
+
+    def __init__(self, boost: float = 0.5):
+        torch.manual_seed(0)
+        config = ModelConfig(40, 40, d_model=16, n_heads=2, n_layers=1, ffn_dim=32,
+                             dropout=0.0, max_positions=32, tie_embeddings=False)
+        self.model = Transformer(config).eval()
+        with torch.no_grad():
+            for parameter in self.model.parameters():
+                if parameter.dim() > 1:
+                    parameter.normal_(0, 0.7)
+        self.boost, self.max_positions = boost, 32
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def cross_kv(self, memory):
+        return self.model.cross_kv(memory)
+
+    def empty_cache(self, *args):
+        return self.model.empty_cache(*args)
+
+    def decode_step(self, tokens, cache, cross, src_mask):
+        logits, cache = self.model.decode_step(tokens, cache, cross, src_mask)
+        logits = logits.clone()
+        logits[:, EOS] += self.boost * cache[0][0].shape[2]
+        return logits, cache
+
+
+ENDS_SRC = torch.tensor([[5, 6, 7, EOS, 0, 0], [8, EOS, 0, 0, 0, 0],
+                         [9, 10, 11, 12, 13, EOS], [30, 31, EOS, 0, 0, 0]])
+
+
+def rescore(model, src_row, ids, max_len, length_penalty=1.0) -> float:
+    """A hypothesis's score from the model, token by token with the hypothesis fed in:
+    sum(log p) / length**length_penalty, EOS counted when it ended before max_len."""
+    from src.core.special_ids import BANNED, BOS
+
+    tokens = ids + [EOS] if len(ids) < max_len else ids
+    with torch.no_grad():
+        memory, mask = model.encode(src_row)
+        cross, cache = model.cross_kv(memory), model.empty_cache(1, None, memory.dtype)
+        total, previous = 0.0, BOS
+        for token in tokens:
+            logits, cache = model.decode_step(torch.tensor([[previous]]), cache, cross, mask)
+            logits = logits.float()
+            logits[:, list(BANNED)] = float("-inf")
+            total += float(torch.log_softmax(logits, dim=-1)[0, token])
+            previous = token
+    return total / max(len(tokens), 1) ** length_penalty
+
+
+def row(i: int) -> torch.Tensor:
+    return ENDS_SRC[i : i + 1, : int((ENDS_SRC[i] != 0).sum())]
+
+
+def test_greedy_scores_rows_that_end_at_different_steps_as_the_model_does():
+    model = Ends()
+    found = greedy_search(model, ENDS_SRC, 10, with_scores=True)  # length penalty 1 by default
+    lengths = [len(ids) for ids, _ in found]
+    assert min(lengths) < 10 == max(lengths) and len(set(lengths)) > 2  # ends, and a cut
+    for i, (ids, score) in enumerate(found):
+        assert score == pytest.approx(rescore(model, row(i), ids, 10), abs=1e-5)
+        assert greedy_search(model, row(i), 10, with_scores=True)[0] == (
+            ids, pytest.approx(score, abs=1e-5))
+    penalised = greedy_search(model, ENDS_SRC, 10, 0.6, with_scores=True)
+    assert [ids for ids, _ in penalised] == [ids for ids, _ in found]
+    assert penalised[0][1] == pytest.approx(rescore(model, row(0), found[0][0], 10, 0.6),
+                                            abs=1e-5)
+    assert greedy_search(model, ENDS_SRC, 10) == [ids for ids, _ in found]
+
+
+def test_a_beam_of_one_is_greedy_with_its_scores_and_penalty():
+    model = Ends()
+    assert beam_search(model, ENDS_SRC, 1, 10, 0.6, with_scores=True) == greedy_search(
+        model, ENDS_SRC, 10, 0.6, with_scores=True)
+    assert beam_search(model, ENDS_SRC, 1, 10) == greedy_search(model, ENDS_SRC, 10)
+
+
+def test_n_best_lists_of_rows_that_end_hold_the_models_scores_best_first():
+    model = Ends()
+    lists = beam_search(model, ENDS_SRC, 3, 10, n_best=3)  # length penalty 1 by default
+    best = beam_search(model, ENDS_SRC, 3, 10, with_scores=True)
+    assert any(len(h) < 10 for hyps in lists for h, _ in hyps)  # some end before the limit
+    assert any(len(h) == 10 for hyps in lists for h, _ in hyps)  # and some are cut
+    for i, hyps in enumerate(lists):
+        assert len(hyps) == 3 and len({tuple(h) for h, _ in hyps}) == 3
+        scores = [score for _, score in hyps]
+        assert scores == sorted(scores, reverse=True) and hyps[0] == best[i]
+        for ids, score in hyps:
+            assert score == pytest.approx(rescore(model, row(i), ids, 10), abs=1e-5)
+        alone = beam_search(model, row(i), 3, 10, n_best=3)[0]
+        assert [h for h, _ in alone] == [h for h, _ in hyps]
+        assert [s for _, s in alone] == pytest.approx(scores, abs=1e-5)
+    penalised = beam_search(model, ENDS_SRC, 3, 10, 0.6, n_best=3)
+    for i, hyps in enumerate(penalised):
+        for ids, score in hyps:
+            assert score == pytest.approx(rescore(model, row(i), ids, 10, 0.6), abs=1e-5)
+
+
+def test_a_row_open_at_the_limit_offers_its_live_beams_beside_its_finished_ones():
+    """Rows whose beams have not all ended by max_len: the live beams are scored as they
+    stand and ranked with the hypotheses that did end."""
+    model = Ends(boost=0.25)
+    lists = beam_search(model, ENDS_SRC, 4, 6, n_best=4)
+    mixed = [hyps for hyps in lists if {len(h) < 6 for h, _ in hyps} == {True, False}]
+    assert mixed  # a row with ended and cut hypotheses in one list
+    for hyps in mixed:
+        i = lists.index(hyps)
+        for ids, score in hyps:
+            assert score == pytest.approx(rescore(model, row(i), ids, 6), abs=1e-5)

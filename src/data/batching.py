@@ -56,7 +56,7 @@ def pad(rows, multiple: int = 1) -> Tensor:
     """Rows (lists or arrays of ids) right-padded with PAD into a (B, width) long tensor, width
     the longest row rounded up to `multiple`."""
     width = round_up(max(len(r) for r in rows), multiple)
-    out = np.full((len(rows), width), PAD, dtype=np.int64)
+    out = np.full((len(rows), width), PAD, dtype=np.int64)  # pragma: no mutate (the default)
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return torch.from_numpy(out)
@@ -151,7 +151,9 @@ class Ragged:
     def from_rows(cls, rows: list[list[int]]) -> Ragged:
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum([len(r) for r in rows], out=offsets[1:])
-        values = np.fromiter((i for r in rows for i in r), dtype=np.int32, count=offsets[-1])
+        # the count only saves re-allocations: pragma: no mutate
+        values = np.fromiter((i for r in rows for i in r), dtype=np.int32,
+                             count=offsets[-1])  # pragma: no mutate
         return cls(values, offsets)
 
 

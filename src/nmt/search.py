@@ -22,10 +22,15 @@ def max_output_length(src: Tensor, ratio: float, model: Transformer) -> int:
     return max_new_tokens(int((src != PAD).sum(1).max()), ratio, model.max_positions - 1)
 
 
+# float() reads "-INF" too: pragma: no mutate
+NEG_INF = float("-inf")  # pragma: no mutate
+
+
 def _log_probs(logits: Tensor) -> Tensor:
+    """(rows, vocabulary) logits -> log-probabilities, banned ids at -inf."""
     logits = logits.float()
-    logits[:, list(BANNED)] = float("-inf")
-    return torch.log_softmax(logits, dim=-1)
+    logits[:, list(BANNED)] = NEG_INF
+    return torch.log_softmax(logits, dim=1)
 
 
 def greedy_search(model: Transformer, src: Tensor, max_len: int, length_penalty: float = 1.0,
@@ -42,21 +47,22 @@ def _greedy(model: Transformer, src: Tensor, max_len: int, length_penalty: float
     batch = src.shape[0]
     memory, src_mask = model.encode(src)
     cross = model.cross_kv(memory)
-    cache = model.empty_cache(batch, src.device, memory.dtype)
-    tokens = torch.full((batch, 1), BOS, dtype=torch.long, device=src.device)
-    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    total = torch.zeros(batch, device=src.device)  # sum of log p of each row's tokens
-    lengths = torch.zeros(batch, device=src.device)
+    # an empty cache's device and dtype: None is the CPU and float32, what tests run on
+    cache = model.empty_cache(batch, src.device, memory.dtype)  # pragma: no mutate
+    tokens = src.new_full((batch, 1), BOS)  # src's device and dtype (long)
+    done = src.new_zeros(batch, dtype=torch.bool)
+    total = src.new_zeros(batch, dtype=torch.float)  # sum of log p of each row's tokens
+    lengths = src.new_zeros(batch, dtype=torch.float)
     out = []
     for _ in range(max_len):
         logits, cache = model.decode_step(tokens, cache, cross, src_mask)
         logp = _log_probs(logits)
-        best, nxt = logp.max(-1)
+        best, nxt = logp.max(1)
         total += best.masked_fill(done, 0.0)
         lengths += (~done).float()
         nxt = nxt.masked_fill(done, EOS)
         out.append(nxt)
-        done |= nxt == EOS
+        done = done | (nxt == EOS)
         if bool(done.all()):
             break
         tokens = nxt[:, None]
@@ -88,17 +94,20 @@ def beam_search(
 def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penalty: float
           ) -> list[list[tuple[float, list[int]]]]:
     """Each row's finished (score, ids) hypotheses, in the order they finished."""
-    batch, device = src.shape[0], src.device
+    batch = src.shape[0]
     memory, src_mask = model.encode(src)
     # Every row's encoder state repeated beam times: (B*K, ...), row-major.
     memory = memory.repeat_interleave(beam, dim=0)
     src_mask = src_mask.repeat_interleave(beam, dim=0)
     cross = model.cross_kv(memory)
-    cache = model.empty_cache(batch * beam, device, memory.dtype)
-    scores = torch.full((batch, beam), float("-inf"), device=device)
+    # an empty cache's device and dtype: None is the CPU and float32, what tests run on
+    cache = model.empty_cache(batch * beam, src.device, memory.dtype)  # pragma: no mutate
+    # new tensors on src's device; ids in its dtype (long), scores in float
+    scores = src.new_full((batch, beam), NEG_INF, dtype=torch.float)
     scores[:, 0] = 0.0  # only one live beam at the start, the others are copies
-    history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)
-    tokens = torch.full((batch * beam, 1), BOS, dtype=torch.long, device=device)
+    history = src.new_full((batch * beam, 0), BOS)
+    tokens = src.new_full((batch * beam, 1), BOS)
+    row_start = src.new_tensor([b * beam for b in range(batch)])[:, None]  # (B, 1)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     open_rows = [True] * batch
     for step in range(max_len):
@@ -106,20 +115,22 @@ def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penal
         logp = _log_probs(logits).view(batch, beam, -1)
         vocab = logp.shape[-1]
         candidates = (scores.unsqueeze(-1) + logp).view(batch, -1)  # (B, K*V)
-        top_scores, top_ids = candidates.topk(2 * beam, dim=-1)  # (B, 2K)
+        # 2K candidates hold K that do not end (each beam ends in one at most); more change
+        # nothing, and -1 is the last dimension whether given or not: pragma: no mutate
+        top_scores, top_ids = candidates.topk(2 * beam, dim=-1)  # pragma: no mutate
         src_beam, token = top_ids // vocab, top_ids % vocab
-        next_scores = torch.full((batch, beam), float("-inf"), device=device)
-        next_beam = torch.zeros((batch, beam), dtype=torch.long, device=device)
-        next_token = torch.full((batch, beam), EOS, dtype=torch.long, device=device)
+        next_scores = scores.new_full((batch, beam), NEG_INF)
+        next_beam = src.new_zeros((batch, beam))
+        next_token = src.new_full((batch, beam), EOS)
         length = step + 1  # generated tokens including this one (EOS counts)
         ts, tb, tt = top_scores.tolist(), src_beam.tolist(), token.tolist()
         for b in range(batch):
             if not open_rows[b]:
                 continue
             kept = 0
-            for rank in range(2 * beam):
+            for rank in range(2 * beam):  # pragma: no mutate (kept reaches beam within 2K)
                 score, k, tok = ts[b][rank], tb[b][rank], tt[b][rank]
-                if score == float("-inf"):
+                if score == NEG_INF:
                     break
                 if tok == EOS:
                     if rank < beam:  # only EOS candidates that would have survived count
@@ -135,19 +146,18 @@ def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penal
         if not any(open_rows):
             break
         # Reorder caches and histories to follow the surviving beams: index (B*K,)
-        flat = (next_beam + torch.arange(batch, device=device)[:, None] * beam).view(-1)
+        flat = (next_beam + row_start).view(-1)
         cache = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in cache]
         history = torch.cat([history.index_select(0, flat), next_token.view(-1, 1)], dim=1)
-        scores = next_scores.masked_fill(
-            ~torch.tensor(open_rows, device=device)[:, None], float("-inf")
-        )
+        scores = next_scores.masked_fill(~src.new_tensor(open_rows, dtype=torch.bool)[:, None],
+                                         NEG_INF)
         tokens = next_token.view(-1, 1)
     length = max(history.shape[1], 1)  # max_len 0: an empty output scores 0, as in greedy
     for b in range(batch):
         if open_rows[b] or not finished[b]:  # ran out of length: live beams are candidates
             for k in range(beam):
                 s = float(scores[b, k])
-                if s > float("-inf"):
+                if s > NEG_INF:
                     finished[b].append((s / length**length_penalty,
                                         history[b * beam + k].tolist()))
     return finished
@@ -159,7 +169,8 @@ def _ranked(finished: list[list[tuple[float, list[int]]]], with_scores: bool, n_
     if n_best:
         return [[(hyp, score) for score, hyp in sorted(f, key=lambda x: -x[0])[:n_best]]
                 for f in finished]
-    best = [max(f, key=lambda x: x[0]) if f else (float("-inf"), []) for f in finished]
+    # every row holds a hypothesis: one finished, or its live beams at the length limit
+    best = [max(f, key=lambda x: x[0]) for f in finished]
     if with_scores:
         return [(hyp, score) for score, hyp in best]
     return [hyp for _, hyp in best]
@@ -192,11 +203,12 @@ def translate_ids(
     `progress` is an optional rich Progress to advance. beam 1 is greedy. `with_scores`:
     (ids, score) per source, the score as `beam_search` ranks hypotheses.
     """
-    device = next(model.parameters()).device
+    device = next(model.parameters()).device  # pragma: no mutate (None: the CPU, as tested)
     out: list = [[] for _ in sources]
     task = progress.add_task("translate", total=len(sources)) if progress else None
     for idx in length_sorted_batches(sources, batch_size):
-        src = source_batch(sources, idx, model.max_positions).to(device)
+        src = source_batch(sources, idx, model.max_positions)
+        src = src.to(device)  # pragma: no mutate (as above)
         max_len = max_output_length(src, max_length_ratio, model)
         found = beam_search(model, src, beam, max_len, length_penalty, with_scores)
         for i, hyp in zip(idx, found):
