@@ -187,3 +187,62 @@ def test_the_renamed_key_note_is_said_once_per_process(tmp_path, capsys, monkeyp
     for _ in range(3):
         load_params(TrainParams, path=write(tmp_path, raw))
     assert capsys.readouterr().err.count("train.average_last is now") == 1
+
+
+def test_a_hub_source_is_described_by_its_config_or_configs():
+    from src.core.params import HubSource
+
+    base = {"id": "org/set", "split": "train", "revision": "main"}
+    assert HubSource(**base, config="en-zh", translation="t").described() == (
+        "org/set (en-zh, train, main)")
+    assert HubSource(**base, translation="t").described() == "org/set (train, main)"
+    assert HubSource(**base, configs=["eng_Latn", "cmn_Hans"]).described() == (
+        "org/set (eng_Latn+cmn_Hans, train, main)")
+
+
+def test_a_plain_url_is_the_corpus_list_of_one_named_corpus():
+    from src.core.params import DownloadParams
+
+    digest = "ab" * 32
+    data = committed()["download"] | {"url": "data/c.zip", "member": "c.txt", "sha256": digest}
+    (only,) = DownloadParams(**data).corpus_list()
+    assert (only.name, only.url, only.member, only.sha256) == ("corpus", "data/c.zip", "c.txt",
+                                                               digest)
+    corpora = [{"name": "a", "url": "a.tsv"}, {"name": "b", "url": "b.tsv", "weight": 2}]
+    mixed = data | {"url": "", "member": "", "sha256": "", "corpora": corpora}
+    assert [c.name for c in DownloadParams(**mixed).corpus_list()] == ["a", "b"]
+
+
+def test_a_yaml_tag_that_does_not_fit_names_the_tag_and_the_python_error(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  lr: !!int x\n", encoding="utf-8")
+    with pytest.raises(PipelineError) as caught:
+        load_params(TrainParams, path=path)
+    message = str(caught.value)
+    assert "cannot read this tag:yaml.org,2002:int (ValueError: invalid literal" in message
+    assert "line 2" in message and "\n" not in message
+
+
+def test_keys_that_are_not_printable_are_shown_escaped_on_one_line(tmp_path):
+    data = committed()
+    data["train"]["a\nb\\c"] = 1
+    with pytest.raises(PipelineError) as caught:
+        load_params(TrainParams, path=write(tmp_path, data))
+    assert str(caught.value) == "params.yaml: unknown key 'train.a\\nb\\\\c'"
+    data["train"] = committed()["train"] | {"back\\slash": 2}
+    with pytest.raises(PipelineError) as caught:
+        load_params(TrainParams, path=write(tmp_path, data))
+    assert str(caught.value) == "params.yaml: unknown key 'train.back\\slash'"  # printable
+    data["train"] = committed()["train"] | {"x'y": 2}
+    with pytest.raises(PipelineError) as caught:
+        load_params(TrainParams, path=write(tmp_path, data))
+    assert "unknown key 'train.x'y'" in str(caught.value)
+
+
+def test_a_yaml_syntax_error_is_one_line_with_single_spaces_for_line_breaks(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("train: [1, 2\n", encoding="utf-8")
+    with pytest.raises(PipelineError) as caught:
+        load_params(TrainParams, path=path)
+    assert str(caught.value).startswith(f"{path} is not valid YAML: while parsing a flow "
+                                        f"sequence   in ")

@@ -70,3 +70,22 @@ def test_scores_use_that_tokenizer_and_keep_two_decimals():
 def test_buckets_refuse_lists_of_different_lengths():
     with pytest.raises(ValueError):
         score_by_length([words(3), words(4)], ["猫"], ["猫", "狗"], "zh", LENGTH_BUCKETS)
+
+
+def test_signatures_name_the_tokenizer_and_come_only_when_asked():
+    plain = score(["猫在这里。"], ["猫在这里。"], "zh")
+    assert set(plain) == {"bleu", "chrf", "bleu_brevity_penalty"}
+    signed = score(["猫在这里。"], ["猫在这里。"], "zh", signatures=True)
+    assert {k: signed[k] for k in plain} == plain
+    assert "tok:zh" in signed["bleu_signature"] and signed["bleu_signature"].startswith("nrefs:1")
+    assert signed["chrf_signature"].startswith("nrefs:1") and "nc:6" in signed["chrf_signature"]
+
+
+def test_each_sentence_gets_its_own_chrf_against_its_own_reference():
+    from src.core.scoring import sentence_chrf
+
+    got = sentence_chrf(["the cat sat", "a dog", "xyz"], ["the cat sat", "the dog", "abc"])
+    assert got[0] == 100.0 and got[2] == 0.0 and 0 < got[1] < 100
+    assert sentence_chrf(["a dog"], ["the dog"]) == [got[1]]
+    with pytest.raises(ValueError):
+        sentence_chrf(["one", "two"], ["one"])  # a missing reference is an error, not a skip

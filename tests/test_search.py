@@ -272,3 +272,27 @@ def test_a_row_open_at_the_limit_offers_its_live_beams_beside_its_finished_ones(
         i = lists.index(hyps)
         for ids, score in hyps:
             assert score == pytest.approx(rescore(model, row(i), ids, 6), abs=1e-5)
+
+
+def test_the_output_limit_counts_the_longest_row_not_the_batch():
+    from src.nmt.search import max_output_length
+
+    src = ENDS_SRC[:2]  # rows of 4 and 2 tokens, 6 in all
+    assert max_output_length(src, 1.5, Ends()) == int(1.5 * 4) + 10 == 16
+
+
+def test_a_beam_wider_than_the_finite_candidates_stops_at_the_first_impossible_one():
+    """RiggedModel has five possible tokens (three banned ids are -inf): a beam of 5 takes 10
+    candidates, and after the five finite ones it has kept four beams and ended one."""
+    src = torch.tensor([[7, EOS]])
+    assert beam_search(RiggedModel(), src, beam=5, max_len=5) == [[B]]
+
+
+def test_an_n_best_list_skips_endings_ranked_past_the_beam_and_keeps_searching():
+    """Step 2 of RiggedModel with beam 3: B EOS (p 0.36) ends at rank 0; A B and A C (0.175)
+    go on, A EOS (0.15, rank 3) is dropped, B C goes on; A B and A C then end."""
+    src = torch.tensor([[7, EOS]])
+    found = beam_search(RiggedModel(), src, beam=3, max_len=5, length_penalty=0.0, n_best=3)[0]
+    assert found[0][0] == [B] and sorted(ids for ids, _ in found[1:]) == [[A, B], [A, C]]
+    assert [score for _, score in found] == pytest.approx([math.log(0.36), math.log(0.175),
+                                                           math.log(0.175)], abs=1e-6)

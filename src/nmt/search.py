@@ -63,7 +63,8 @@ def _greedy(model: Transformer, src: Tensor, max_len: int, length_penalty: float
         nxt = nxt.masked_fill(done, EOS)
         out.append(nxt)
         done = done | (nxt == EOS)
-        if bool(done.all()):
+        # stopping once all rows are done only saves steps (done rows add nothing)
+        if bool(done.all()):  # pragma: no mutate
             break
         tokens = nxt[:, None]
     ids = torch.stack(out, 1).tolist() if out else [[] for _ in range(batch)]
