@@ -182,3 +182,42 @@ def test_the_model_code_folder_holds_exactly_model_code():
         assert (folder / "runtime/serving.py").read_text() == \
             (Path(__file__).resolve().parents[1] / "src/runtime/serving.py").read_text()
     assert not folder.exists()  # a temporary folder, removed after logging
+
+
+def test_params_that_are_not_an_object_say_what_they_are():
+    refused(lambda: search_params(True, 4), "params must be an object of search settings, "
+                                            "not a bool$")
+    refused(lambda: search_params([1], 4), "not a list$")
+
+
+def test_one_thread_is_a_thread_count():
+    from src.runtime.serving import serving_threads
+
+    assert serving_threads({"NMT_THREADS": "1"}) == (1, "NMT_THREADS=1")
+
+
+def test_rich_requests_hand_the_translator_their_settings_and_blank_lines_score_nothing():
+    from src.runtime.serving import TranslationModel
+
+    class Recording(FakeTranslator):
+        def confidence(self, best):
+            self.calls.append(("confidence", best.text))
+            return 0.75
+
+    model = TranslationModel()
+    model.translator = Recording()
+    got = model.predict(None, ["a", ""], {"beam": 2, "max_length": 40, "return_scores": True})
+    assert got == [{"translation": "A", "score": -0.5, "confidence": 0.75},
+                   {"translation": "", "score": None, "confidence": None}]
+    assert model.translator.calls == [(["a", ""], 2, 40, 32, 1), ("confidence", "A")]
+
+
+def test_scores_from_a_model_exported_without_them_are_a_bad_request():
+    from src.runtime.serving import TranslationModel
+
+    model = TranslationModel()
+    model.translator = FakeTranslator()
+    model.translator.scored = False
+    refused(lambda: model.predict(None, ["a"], {"return_scores": True}),
+            "^this model version was exported before scores: re-export it for return_scores$")
+    assert model.predict(None, ["a"], {"n_best": 2})[0]["translation"] == "A"  # no scores asked
