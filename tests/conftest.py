@@ -29,3 +29,15 @@ def toy_tsv(tmp_path: Path) -> Path:
     path = tmp_path / "toy.tsv"
     path.write_text(toy_tsv(), encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module's tests: tiny models gain nothing from threads, and
+    oversubscribed cores make them crawl. Modules ask for it with `usefixtures`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -31,7 +31,7 @@ from src.nmt.model import ModelConfig, Transformer
 from src.nmt.search import beam_search, greedy_search, max_output_length
 from src.runtime import batch_graph, contract, generation, operator_graph, placement, sessions
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 MAX_POSITIONS = 48
 EXPORT = {"parity_sentences": 60, "batch_size": 16, "beam_size": 3, "quantize": True}
 
@@ -78,13 +78,6 @@ def write_tokenizer(directory: Path, model_bytes: bytes) -> None:
                                               "bos_id": 2, "eos_id": 3}))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and oversubscribed cores make them crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -35,14 +35,9 @@ TORCH = settings(max_examples=25, deadline=None, derandomize=True)
 PAIR = PairParams(source_lang="en", target_lang="zh", source_column=0, target_column=1)
 VOCAB, MAX_POSITIONS = 40, 32
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and the cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
 
 
 # -- mixing ------------------------------------------------------------------------------------

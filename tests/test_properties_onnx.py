@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties_invariants import BATCH, padded, shared_model
@@ -18,14 +17,9 @@ from test_properties_invariants import BATCH, padded, shared_model
 from src.data.subword import EOS, PAD
 from src.nmt.search import beam_search, greedy_search
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and the cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
 
 
 # -- the exported ONNX file agrees ---------------------------------------------------------------
