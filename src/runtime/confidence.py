@@ -52,6 +52,13 @@ class Calibration:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+def _floats(values) -> np.ndarray:
+    """`values` as float64, however the caller gives them (numpy would infer float64 from
+    floats, and the Newton step and the sums turn booleans into floats): its mutants cannot
+    show."""
+    return np.asarray(values, dtype=np.float64)  # pragma: no mutate
+
+
 def _sigmoid(x: float) -> float:
     # Both forms are the sigmoid; each side uses the one whose exp cannot overflow, so where
     # the switch sits (0, or a mutant's 1) changes nothing.
@@ -79,10 +86,7 @@ def fit(features: Sequence[float], good: Sequence[bool], chrf_threshold: float =
     """Logistic regression of `good` on `features` (one feature: Newton's method on the
     L2-regularised log-likelihood, which converges in a few steps); a constant outcome gives
     a flat curve at its rate."""
-    # float64 however the caller gives them (numpy would infer float64 from floats, and the
-    # Newton step turns booleans into floats): no mutation of these two lines can show.
-    x = np.asarray(features, dtype=np.float64)  # pragma: no mutate
-    y = np.asarray(good, dtype=np.float64)  # pragma: no mutate
+    x, y = _floats(features), _floats(good)
     keep = np.isfinite(x)
     x, y = x[keep], y[keep]
     if len(x) == 0 or y.min() == y.max():
@@ -105,7 +109,7 @@ def fit(features: Sequence[float], good: Sequence[bool], chrf_threshold: float =
 def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     """Area under the ROC curve of `scores` ranking the `positive` cases first (ties count
     half: the Mann-Whitney U statistic); None without both kinds of case."""
-    s = np.asarray(scores, dtype=np.float64)  # pragma: no mutate (floats either way)
+    s = _floats(scores)
     pos = np.asarray(positive, dtype=bool)
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if not n_pos or not n_neg:
@@ -121,8 +125,7 @@ def risk_coverage(confidences: Sequence[float], quality: Sequence[float],
                   points: int = 20) -> list[dict[str, float]]:
     """Keeping the most confident translations: at each coverage (share kept, 1/points steps),
     the mean quality (sentence chrF) of those kept."""
-    c = np.asarray(confidences, dtype=np.float64)  # pragma: no mutate (floats either way)
-    q = np.asarray(quality, dtype=np.float64)  # pragma: no mutate
+    c, q = _floats(confidences), _floats(quality)
     order = np.argsort(-c, kind=STABLE)  # equal confidences keep their order
     rows = []
     for k in range(1, points + 1):
@@ -136,8 +139,7 @@ def review_catch(confidences: Sequence[float], quality: Sequence[float],
                  share: float = 0.1) -> float:
     """Sending the least confident `share` of translations to review: the part of the worst
     `share` (by quality) that this catches (1.0: all of them; `share`: no better than chance)."""
-    c = np.asarray(confidences, dtype=np.float64)  # pragma: no mutate (floats either way)
-    q = np.asarray(quality, dtype=np.float64)  # pragma: no mutate
+    c, q = _floats(confidences), _floats(quality)
     k = max(1, round(len(c) * share))
     reviewed = set(np.argsort(c, kind=STABLE)[:k].tolist())  # ties: the earlier first
     worst = set(np.argsort(q, kind=STABLE)[:k].tolist())
