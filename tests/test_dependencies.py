@@ -67,7 +67,7 @@ def test_every_module_imports(module):
 
 
 COMMANDS = {"download", "split", "parent", "tokenize_corpus", "train", "evaluate", "export",
-            "infer", "score", "promote", "to_ctranslate2", "text_graph"}
+            "infer", "score", "promote", "to_ctranslate2", "text_graph", "web"}
 
 
 def test_the_package_root_holds_the_commands_and_no_command_imports_another():

@@ -688,6 +688,33 @@ def search_nodes(encoder: onnx.GraphProto, decoder: onnx.GraphProto, n_layers: i
     return [setup, loop, finish]
 
 
+def _open_at_limit(n: Nodes, end: dict[str, str], penalty: str, steps: str,
+                   outer: dict[str, str], pre: str) -> tuple[str, str]:
+    """The beam search's results (out, out_scores) once the sentences still open at the length
+    limit have let their live beams compete with their finished ones. An If skips that when
+    none is open (every sentence ended before the limit): onnxruntime-web's TopK traps with
+    "divide by zero" on a tensor of no rows, where native ONNX Runtime returns an empty one
+    (docs/web.md)."""
+    o = Nodes(f"{pre}final/open/")
+    live = o.op("Div", end["scores"], penalty)                                # (N, 1 or K)
+    beams_now = o.op("Shape", end["scores"], start=1, end=2)                  # [1 or K]
+    live_hypotheses = o.op("Reshape", end["history"], o.op(
+        "Concat", o.op("Shape", end["sents"]), beams_now,
+        o.op("Unsqueeze", steps, o.const(INT64, [0])), axis=0))               # (N, 1 or K, t)
+    names = {"best": end["best"], "out": end["out"], "out_scores": end["out_scores"],
+             "sents": end["sents"]}
+    _, final, final_scores = keep_best(o, names, live, live_hypotheses, steps, outer)
+    ended = Nodes(f"{pre}final/ended/")
+    as_they_are = {k: (ended.op("Identity", end[k]), t)
+                   for k, t in (("out", INT32), ("out_scores", FLOAT))}
+    some_open = n.op("Greater", n.op("Size", end["sents"]), n.const(INT64, [0], []))
+    final, final_scores = n.ops("If", [some_open], 2,
+                                then_branch=branch(o, {"out": (final, INT32),
+                                                       "out_scores": (final_scores, FLOAT)}),
+                                else_branch=branch(ended, as_they_are))
+    return final, final_scores
+
+
 def _finish(end: dict[str, str], batch_1: str, outer: dict[str, str], outputs: tuple[str, str],
             skip: str, skipped: tuple[str, str], greedy: bool, pre: str) -> onnx.NodeProto:
     """The If that writes `outputs` (sequences, sequences_scores) from the Loop's `end`
@@ -710,14 +737,7 @@ def _finish(end: dict[str, str], batch_1: str, outer: dict[str, str], outputs: t
         final = n.op("Unsqueeze", final, one_1)                               # (B, 1, M)
         bos_shape = n.op("Concat", batch_1, one_1, one_1, axis=0)             # [B, 1, 1]
     else:
-        live = n.op("Div", end["scores"], penalty)                            # (N, 1 or K)
-        beams_now = n.op("Shape", end["scores"], start=1, end=2)              # [1 or K]
-        live_hypotheses = n.op("Reshape", end["history"], n.op(
-            "Concat", n.op("Shape", end["sents"]), beams_now, n.op("Unsqueeze", steps, zero_1),
-            axis=0))                                                          # (N, 1 or K, t)
-        names = {"best": end["best"], "out": end["out"], "out_scores": end["out_scores"],
-                 "sents": end["sents"]}
-        _, final, final_scores = keep_best(n, names, live, live_hypotheses, steps, outer)
+        final, final_scores = _open_at_limit(n, end, penalty, steps, outer, pre)
         bos_shape = n.op("Concat", batch_1, outer["returns_1"], one_1, axis=0)  # [B, N, 1]
     written = n.op("Slice", final, zero_1, n.op("Unsqueeze", steps, zero_1),
                    n.const(INT64, [2]))                                       # (B, N, t)
