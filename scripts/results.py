@@ -400,7 +400,8 @@ def render(docs: Path = DOCS) -> str:
         "per row).",
         "",
     ]
-    lines += default_run([load_json(bench, BENCHMARKS["default"])], BENCHMARKS["default"])
+    lines += default_run(sittings(load_json(bench, BENCHMARKS["default"])),
+                         BENCHMARKS["default"])
     lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), by_name,
                               BENCHMARKS["decoding"])
     speed = sittings(load_json(bench, BENCHMARKS["train_speed"]))

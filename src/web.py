@@ -24,7 +24,7 @@ def build(
                              "if it holds a site this command wrote)."),
     model: Path = typer.Option(None, help="Model file (default: models/model.int8.onnx, or "
                                "models/model.onnx with --fp32)."),
-    fp32: bool = typer.Option(False, "--fp32", help="Ship model.onnx (float32, ~4x the "
+    fp32: bool = typer.Option(False, "--fp32", help="Ship model.onnx (float32, ~3x the "
                               "bytes of int8) instead of model.int8.onnx."),
     tokenizer: Path = typer.Option(None, help="Tokenizer dir (default: tokenizer/ beside "
                                    "the model)."),

@@ -1,0 +1,241 @@
+"""The page of `python -m src.web build` measured: its weight, a cold load, and sentences per
+second in headless Chromium with one thread and with two, beside native ONNX Runtime on the same
+CPU and file; and how many of the sentences the page translates as Python does.
+
+    python -m src.web build --out site/
+    python scripts/benchmark_web.py --site site/ --json docs/benchmarks/web_page.json \
+        --doc docs/web.md --screenshot docs/images/web_page.png
+
+The sentences are the first `--sentences` of the test split (data/tokenized), translated at beam
+4 in the page's and src.infer's batches of 32. Every engine runs in its own process (a fresh
+Chromium per row, a Python process per native row), one after the other, alternating. Not a
+test: timings need an otherwise idle machine. The site is served from this machine, so the cold
+load's download is a local copy's, not a network's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmark_kernels import cpu  # noqa: E402
+
+from src.core.paths import TOKENIZED, TOKENIZER  # noqa: E402
+from src.webpage import site_server  # noqa: E402
+
+MARKER = "<!-- web table -->"
+COLD_SENTENCE = "How are you?"
+
+
+def test_sources(count: int) -> list[str]:
+    from datasets import load_from_disk
+
+    return list(load_from_disk(str(TOKENIZED))["test"]["source"][:count])
+
+
+def chromium(profile: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver.set_script_timeout(3600)
+    return driver
+
+
+def page_call(driver, script: str, *args):
+    result = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        f"(async () => {{ {script} }})().then(done, (e) => done({{error: String(e)}}));", *args)
+    if isinstance(result, dict) and "error" in result:
+        raise RuntimeError(result["error"])
+    return result
+
+
+def page_row(url: str, lines: list[str], threads: int, beam: int) -> dict:
+    """A fresh browser (empty cache): seconds from navigation to the model loaded and to the
+    first translation, then sentences/s over `lines` (after that first, warm-up sentence)."""
+    with tempfile.TemporaryDirectory(prefix="nmt-chromium-") as profile:
+        driver = chromium(Path(profile))
+        try:
+            driver.get(f"{url}?threads={threads}")
+            cold = page_call(driver, """
+                await window.nmt.ready; const ready = performance.now();
+                await window.nmt.translate([arguments[0]], {beam: arguments[1]});
+                return {ready, first: performance.now(), isolated: self.crossOriginIsolated};
+            """, COLD_SENTENCE, beam)
+            timed = page_call(driver, """
+                const start = performance.now();
+                const out = await window.nmt.translate(arguments[0], {beam: arguments[1]});
+                return {ms: performance.now() - start, threads: out.threads,
+                        texts: out.results.map((r) => r && r.hypotheses[0].text)};
+            """, lines, beam)
+            version = driver.capabilities.get("browserVersion", "?")
+        finally:
+            driver.quit()
+    return {"engine": f"Chromium {version}, onnxruntime-web", "threads": timed["threads"],
+            "cross_origin_isolated": cold["isolated"],
+            "ready_s": round(cold["ready"] / 1000, 2),
+            "first_translation_s": round(cold["first"] / 1000, 2),
+            "sentences_per_s": round(len(lines) / (timed["ms"] / 1000), 1),
+            "texts": timed["texts"]}
+
+
+def native_row(model: Path, lines_file: Path, threads: int, beam: int) -> dict:
+    """src.infer's translator in a process of its own."""
+    program = f"""
+import json, sys, time
+sys.path.insert(0, {str(REPO)!r})
+import onnxruntime
+from src.runtime.generation import load_translator
+lines = open({str(lines_file)!r}, encoding="utf-8").read().split("\\n")[:-1]
+t = load_translator({str(model)!r}, {str(TOKENIZER)!r}, provider="cpu", threads={threads})
+t.translate([{COLD_SENTENCE!r}], {beam})
+start = time.perf_counter()
+texts = t.translate(lines, {beam}, batch_size=32)
+seconds = time.perf_counter() - start
+print(json.dumps({{"seconds": seconds, "texts": texts, "version": onnxruntime.__version__}}))
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"native ONNX Runtime failed: {done.stderr.strip().splitlines()[-1]}")
+    out = json.loads(done.stdout.splitlines()[-1])
+    return {"engine": f"native ONNX Runtime {out['version']} (src.infer)", "threads": threads,
+            "sentences_per_s": round(len(out["texts"]) / out["seconds"], 1),
+            "texts": out["texts"]}
+
+
+def screenshot(url: str, lines: list[str], path: Path) -> None:
+    """The page after translating `lines` with 2-best lists, as a user sees it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with tempfile.TemporaryDirectory(prefix="nmt-chromium-") as profile:
+        driver = chromium(Path(profile))
+        try:
+            driver.set_window_size(1000, 1400)
+            driver.get(url)
+            wait = WebDriverWait(driver, 300)
+            wait.until(lambda d: d.find_element(By.ID, "translate").is_enabled())
+            box = driver.find_element(By.ID, "source")
+            box.clear()
+            box.send_keys("\n".join(lines))
+            best = driver.find_element(By.ID, "nbest")
+            best.clear()
+            best.send_keys("2")
+            driver.find_element(By.ID, "translate").click()
+            wait.until(lambda d: "per sentence" in d.find_element(By.ID, "status").text)
+            driver.save_screenshot(str(path))
+        finally:
+            driver.quit()
+
+
+def weight(site: Path) -> dict:
+    """MB and gzipped MB by part: ONNX Runtime Web, the model, the rest (page, script with the
+    tokenizer library, tokenizers)."""
+    parts = {"onnxruntime-web": [0, 0], "model": [0, 0], "page, script, tokenizers": [0, 0]}
+    model = json.loads((site / "config.json").read_text())["model"]
+    for path in site.rglob("*"):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(site)
+        part = ("onnxruntime-web" if rel.parts[0] == "ort" else
+                "model" if str(rel) == model else "page, script, tokenizers")
+        data = path.read_bytes()
+        parts[part][0] += len(data)
+        parts[part][1] += len(gzip.compress(data, 6))
+    return {k: {"mb": round(v[0] / 1e6, 2), "gzip_mb": round(v[1] / 1e6, 2)}
+            for k, v in parts.items()}
+
+
+def table(result: dict) -> str:
+    """The Markdown tables of docs/web.md, from a JSON sitting."""
+    w = result["weight"]
+    lines = [f"Sitting of {result['date']}: {result['cpu']}; `{result['model']}`, "
+             f"{result['sentences']:,} test sentences at beam {result['beam']}, batches of 32 "
+             f"(`{result['file']}`).", "",
+             "| part of the page | MB | gzipped MB |", "| --- | --- | --- |"]
+    lines += [f"| {part} | {v['mb']:.2f} | {v['gzip_mb']:.2f} |" for part, v in w.items()]
+    lines.append(f"| **total** | **{sum(v['mb'] for v in w.values()):.2f}** | "
+                 f"**{sum(v['gzip_mb'] for v in w.values()):.2f}** |")
+    lines += ["", "| engine | threads | sentences/s | model loaded (cold) | first translation "
+              "(cold) | same text as src.infer |", "| --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        cold = (f"{row['ready_s']:.2f} s", f"{row['first_translation_s']:.2f} s") \
+            if "ready_s" in row else ("", "")
+        lines.append(f"| {row['engine']} | {row['threads']} | {row['sentences_per_s']:.1f} | "
+                     f"{cold[0]} | {cold[1]} | {row.get('same_text', '')} |")
+    return "\n".join(lines)
+
+
+def write_doc(doc: Path, result: dict) -> None:
+    text = doc.read_text(encoding="utf-8")
+    head, _, rest = text.partition(MARKER)
+    _, _, tail = rest.partition(MARKER)
+    doc.write_text(f"{head}{MARKER}\n{table(result)}\n{MARKER}{tail}", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--site", type=Path, default=Path("site"))
+    parser.add_argument("--sentences", type=int, default=500)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    parser.add_argument("--json", type=Path, help="write the sitting here")
+    parser.add_argument("--doc", type=Path, help="rewrite the table between the markers")
+    parser.add_argument("--screenshot", type=Path, help="save a screenshot of the page here")
+    parser.add_argument("--table-only", action="store_true",
+                        help="regenerate --doc's table from --json, measuring nothing")
+    args = parser.parse_args()
+    if args.table_only:
+        write_doc(args.doc, json.loads(args.json.read_text()))
+        return
+    config = json.loads((args.site / "config.json").read_text())
+    lines = test_sources(args.sentences)
+    httpd = site_server.make_server(args.site, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        lines_file = Path(tmp, "lines.en")
+        lines_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        for threads in (int(t) for t in args.threads.split(",")):
+            rows.append(page_row(url, lines, threads, args.beam))
+            rows.append(native_row(args.site / config["model"], lines_file, threads, args.beam))
+            print(json.dumps({k: v for k, v in rows[-2].items() if k != "texts"}), flush=True)
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "texts"}), flush=True)
+    if args.screenshot:
+        screenshot(url, (REPO / "docs/sample_sentences.en").read_text().splitlines()[:4],
+                   args.screenshot)
+    httpd.shutdown()
+    reference = rows[1]["texts"]  # src.infer's, at the first thread count
+    for row in rows:
+        row["same_text"] = f"{sum(a == b for a, b in zip(row.pop('texts'), reference))}" \
+                           f"/{len(reference)}"
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu(), "model": config["model"],
+              "sentences": len(lines), "beam": args.beam, "weight": weight(args.site),
+              "rows": rows, "file": str(args.json) if args.json else "not saved"}
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.doc:
+        write_doc(args.doc, result)
+
+
+if __name__ == "__main__":
+    main()
