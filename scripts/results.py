@@ -103,9 +103,10 @@ def default_run(runs: list[dict], source: str) -> list[str]:
                 *[f"BLEU, sources {b['bucket']} ({b['rows']:,} rows)"
                   for b in first["bleu_by_source_words"]]]
     columns = [column(run) for run in runs]
+    machines = "; ".join(f"run {i + 1}: {run['machine']}" for i, run in enumerate(runs))
     lines = ["## The default recipe", "",
              "`dvc repro` with the committed params.yaml (`download.url` a local copy of "
-             f"cmn-eng.zip, same sha256); machine: {first['machine']}. The outputs are main's "
+             f"cmn-eng.zip, same sha256); {machines}. Run 1's outputs are main's "
              f"`dvc.lock`, so `dvc metrics show` prints them. Raw numbers: {cite(source)}.", ""]
     lines += table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
                    [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])
@@ -116,7 +117,9 @@ def default_run(runs: list[dict], source: str) -> list[str]:
                   f"{ex['parity_sentences']} test sentences; `model.onnx` {ex['fp32_size_mb']} "
                   f"MB, BLEU {ex['fp32_bleu']}; `model.int8.onnx` {ex['int8_size_mb']} MB, BLEU "
                   f"{ex['int8_bleu']} (same output as fp32 on {ex['int8_same_as_fp32']:.1%} of "
-                  "test sentences).", ""]
+                  "test sentences)." + (f" Run {i + 1}: {run['wall_note']}."
+                                        if run.get("wall_note") and run["wall_minutes"] else ""),
+                  ""]
     return lines
 
 
