@@ -64,9 +64,9 @@ def test_results_page_follows_the_raw_rows(tmp_path):
     results = load_script("results")
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
-    run = json.loads((docs / "benchmarks/default_run.json").read_text())
-    run["test"]["bleu"] = 12.34
-    (docs / "benchmarks/default_run.json").write_text(json.dumps(run))
+    runs = json.loads((docs / "benchmarks/default_run.json").read_text())
+    runs["sittings"][-1]["test"]["bleu"] = 12.34  # one column per run: the last one's
+    (docs / "benchmarks/default_run.json").write_text(json.dumps(runs))
     with (docs / "experiments.jsonl").open("a") as fh:
         fh.write(json.dumps({"name": "short-new", "what": "a new row", "bleu": 5.67,
                              "chrf": 8.9, "overrides": {"train.lr": "1e-3"}}) + "\n")

@@ -23,7 +23,7 @@ from src.core.errors import PipelineError
 from src.data.subword import CJK_RANGES
 from src.runtime import confidence, placement
 from src.runtime.contract import GRAPH_FORMAT, MAX_BEAM
-from src.runtime.sessions import tokenizer_fingerprint
+from src.runtime.generation import load_tokenizers_for
 
 WEB = Path(__file__).resolve().parents[2] / "web"  # the page's sources and npm packages
 PAGE_FILES = ("index.html", "style.css")
@@ -83,16 +83,6 @@ def check_model(model: Path) -> dict[str, str]:
         raise PipelineError(f"{model} is not a model written by src.export (metadata format "
                             f"{meta.get('format')!r}, expected {GRAPH_FORMAT!r})")
     return meta
-
-
-def check_tokenizers(model: Path, tokenizer_dir: Path, meta: dict[str, str]) -> None:
-    for side in ("source", "target"):
-        path = tokenizer_dir / f"{side}.model"
-        if not path.is_file():
-            raise PipelineError(f"tokenizer not found: {path} (pass --tokenizer DIR)")
-        if tokenizer_fingerprint(tokenizer_dir, side) != meta.get(f"{side}_tokenizer_sha256"):
-            raise PipelineError(f"tokenizer {path} does not match {model.name} (its sha256 "
-                                "differs from the one recorded at export)")
 
 
 def check_out(out: Path) -> None:
@@ -158,7 +148,7 @@ def bundle(web: Path, target: Path) -> None:
 def build(model: Path, tokenizer_dir: Path | None, out: Path, web: Path = WEB) -> Built:
     meta = check_model(model)
     tokenizer_dir = Path(tokenizer_dir or model.parent / "tokenizer")
-    check_tokenizers(model, tokenizer_dir, meta)
+    load_tokenizers_for(model, tokenizer_dir, meta)  # present and the export's, or one line
     check_out(out)
     npm_packages(web)
     staging = out.parent / f".{out.name}.building"
