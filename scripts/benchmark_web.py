@@ -16,7 +16,6 @@ load's download is a local copy's, not a network's.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 import subprocess
@@ -32,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from benchmark_kernels import cpu  # noqa: E402
 
 from src.core.paths import TOKENIZED, TOKENIZER  # noqa: E402
-from src.webpage import site_server  # noqa: E402
+from src.webpage import site_server, site_writer  # noqa: E402
 
 MARKER = "<!-- web table -->"
 COLD_SENTENCE = "How are you?"
@@ -147,18 +146,14 @@ def screenshot(url: str, lines: list[str], path: Path) -> None:
 
 def weight(site: Path) -> dict:
     """MB and gzipped MB by part: ONNX Runtime Web, the model, the rest (page, script with the
-    tokenizer library, tokenizers)."""
+    tokenizer library, tokenizers); the build's own per-file sizes, summed."""
     parts = {"onnxruntime-web": [0, 0], "model": [0, 0], "page, script, tokenizers": [0, 0]}
     model = json.loads((site / "config.json").read_text())["model"]
-    for path in site.rglob("*"):
-        if not path.is_file():
-            continue
-        rel = path.relative_to(site)
-        part = ("onnxruntime-web" if rel.parts[0] == "ort" else
-                "model" if str(rel) == model else "page, script, tokenizers")
-        data = path.read_bytes()
-        parts[part][0] += len(data)
-        parts[part][1] += len(gzip.compress(data, 6))
+    for rel, (size, zipped) in site_writer.sizes(site).items():
+        part = ("onnxruntime-web" if Path(rel).parts[0] == "ort" else
+                "model" if rel == model else "page, script, tokenizers")
+        parts[part][0] += size
+        parts[part][1] += zipped
     return {k: {"mb": round(v[0] / 1e6, 2), "gzip_mb": round(v[1] / 1e6, 2)}
             for k, v in parts.items()}
 
