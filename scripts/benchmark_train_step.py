@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from src.data.batching import make_batch, token_batches
 from src.data.subword import load_tokenizers
 from src.nmt.model import Transformer, model_config
 from src.training.fit import training_corpus
-from src.training.host_memory import keep_freed_memory
+from src.training.host_memory import allocator_in_use, use_allocator
 from src.training.resume import ResumeStore
 from src.training.trainer import Trainer, set_seed
 
@@ -106,14 +107,16 @@ def main(
     length_multiple: int = typer.Option(-1, help="Override train.length_multiple (-1: keep)."),
     rounds: int = typer.Option(1, help="Alternate the precisions this many times."),
     out: Path = typer.Option(None, help="Append the rows as JSON lines here."),
+    allocator: str = typer.Option("auto", help="As train.allocator: auto | tcmalloc | system "
+                                  "(auto and tcmalloc restart the script on tcmalloc)."),
 ) -> None:
     overrides = {} if length_multiple < 0 else {"length_multiple": length_multiple}
-    keep_freed_memory()  # as the train stage does
+    use_allocator(allocator, sys.orig_argv)  # as the train stage does
     for _ in range(rounds):
         for name in precision:
             row = run(name, steps, warmup, epoch, profile, threads, overrides)
             row |= {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__,
-                    "epoch": epoch} | overrides
+                    "epoch": epoch, "allocator": allocator_in_use()} | overrides
             print(json.dumps(row))
             if out:
                 with out.open("a") as fh:

@@ -117,7 +117,7 @@ def run_ours(precision: str, minutes: float, threads: int, sets: dict[str, str])
     world, per_rank = stats["world_size"], stats["threads"]
     return {"system": "ours", "precision": stats["precision"],
             "layout": f"{world} x {per_rank}", "command": command,
-            "tokens_per_s": round(stats["tokens_per_s"])}
+            "allocator": stats.get("allocator", ""), "tokens_per_s": round(stats["tokens_per_s"])}
 
 
 def run_peer(script: Path, python: Path, data: Path, minutes: float, threads: int,

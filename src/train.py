@@ -22,6 +22,7 @@ and accumulation N), rank 0 alone validates and writes, and every rank resumes f
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +34,9 @@ from src.core.errors import require_file
 from src.core.params import FinetuneParams, ModelParams, TrainParams, load_params
 from src.training import distributed
 from src.training.fit import train
+from src.training.host_memory import use_allocator
 from src.training.init_from import finetune_recipe
+from src.training.resume import note
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -65,6 +68,11 @@ def main(
     cfg = finetune_recipe(load_params(TrainParams), load_params(FinetuneParams))
     require_file(data_dir, "tokenize")
     require_file(tokenizer_dir, "tokenize")
+    # Only when this module is the program (python -m src.train, its torchrun ranks): a test
+    # runner calling main() must not be replaced by a restarted process.
+    allocator = use_allocator(cfg.allocator, sys.orig_argv if __name__ == "__main__" else None)
+    if allocator.note and os.environ.get("RANK", "0") == "0":
+        note(allocator.note)
     if cfg.nproc_per_node > 1 and not distributed.under_launcher():
         raise typer.Exit(distributed.launch(cfg.nproc_per_node, "src.train", sys.argv[1:]))
     world = distributed.init_world()

@@ -286,6 +286,10 @@ class TrainParams(Section):
     # auto: bf16 autocast where the CPU multiplies bf16 natively (AMX, AVX-512 BF16), fp32 with
     # TF32 matmuls on a GPU, fp32 elsewhere; weights and checkpoints stay fp32
     precision: Literal["auto", "fp32", "bf16"]
+    # the process's malloc: auto = tcmalloc where the machine has it (the stage restarts itself
+    # with it preloaded), glibc's otherwise; tcmalloc = an error without it; system = never
+    # preload. Speed only: the numbers are the same bits (src/training/host_memory.py)
+    allocator: Literal["auto", "tcmalloc", "system"] = "auto"
     # batch widths (source, target) padded up to a multiple of this, so a run meets a few
     # dozen distinct batch shapes instead of hundreds; 1: pad to the longest sentence only
     length_multiple: int = Field(ge=1, le=64)

@@ -21,7 +21,7 @@ from src.data.subword import check_encoded_with, load_tokenizers
 from src.nmt import checkpoint
 from src.nmt.model import Transformer, count_parameters, model_config
 from src.training.distributed import World
-from src.training.host_memory import keep_freed_memory
+from src.training.host_memory import allocator_in_use, keep_freed_memory
 from src.training.init_from import check_dims, parent_record, parent_tags
 from src.training.loop import run_training
 from src.training.precision import resolve_precision
@@ -115,7 +115,7 @@ def finish(trainer: Trainer, selection, score_valid: ValidScorer, valid_data, to
            facts: dict) -> dict:
     """After the last epoch, on rank 0: the averaged model scored on valid and saved, the
     curves, the reports and the MLflow metrics; returns the summary. `facts`: n_parameters,
-    threads, world_size, precision, global_batch_tokens."""
+    threads, world_size, precision, global_batch_tokens, allocator."""
     metrics, stats = reports
     model, st = trainer.model, trainer.state
     weights, epochs = selection.averaged_weights()
@@ -137,6 +137,7 @@ def finish(trainer: Trainer, selection, score_valid: ValidScorer, valid_data, to
         "threads": facts["threads"],
         "world_size": facts["world_size"],
         "precision": facts["precision"],
+        "allocator": facts["allocator"],
         "global_batch_tokens": facts["global_batch_tokens"],
         "train_seconds": round(st.train_seconds, 1),
         "train_minutes": round(st.train_seconds / 60, 1),
@@ -147,8 +148,9 @@ def finish(trainer: Trainer, selection, score_valid: ValidScorer, valid_data, to
     summary["valid_bleu"] = round(final_valid["valid_bleu"], 2)
     write_report(summary, stats, metrics, TRAIN_HEADLINE)
     # valid_bleu is the curve's name in MLflow; there the final model's is final_valid_bleu
-    # precision is text: a tag (set at the start), not a metric
-    run.log_metrics({k: v for k, v in summary.items() if k not in {"valid_bleu", "precision"}})
+    # precision and allocator are text: tags (set at the start), not metrics
+    run.log_metrics({k: v for k, v in summary.items()
+                     if k not in {"valid_bleu", "precision", "allocator"}})
     run.log_artifact(model_out, "model")
     return summary
 
@@ -198,19 +200,21 @@ def train(
     score_valid = ValidScorer(valid_data, cfg.max_tokens, cfg.select_by, tokenizers, target_lang,
                               cfg.valid_max_length_ratio)
     n_params = count_parameters(model)
+    allocator = allocator_in_use()
     global_batch = cfg.max_tokens * batches_per_step(cfg.accumulation_steps, world.size)
     if world.is_main:
         print(f"train: {n_params:,} parameters, {len(corpus.ids[0]):,} pairs, "
               f"{schedule.describe(cfg.epochs)} on {device}, {world.size} rank(s) x "
               f"{threads} threads; a step is up to {global_batch:,} tokens (train.max_tokens "
               f"{cfg.max_tokens:,} x accumulation {cfg.accumulation_steps} x {world.size} "
-              f"ranks); {precision.name} ({precision.reason})")
+              f"ranks); {precision.name} ({precision.reason}); {allocator} malloc")
     opened = (tracking.stage_run("train", params, deps=[data_dir, tokenizer_dir],
                                  system_metrics=True)
               if world.is_main else nullcontext(tracking.NullRun()))
     with opened as run:
         run.log_datasets(data_dir, {"train": "training", "valid": "validation"})
-        run.set_tags({"precision": precision.name} | parent_tags(parent))
+        run.set_tags({"precision": precision.name, "allocator": allocator}
+                     | parent_tags(parent))
         run.log_metrics({"n_parameters": n_params, "threads": threads,
                          "world_size": world.size, "global_batch_tokens": global_batch})
         selection = run_training(
@@ -222,5 +226,5 @@ def train(
                          model_out, reports, run, facts={
                              "n_parameters": n_params, "threads": threads,
                              "world_size": world.size, "precision": precision.name,
-                             "global_batch_tokens": global_batch})
+                             "global_batch_tokens": global_batch, "allocator": allocator})
     print("train: " + ", ".join(f"{k} {v}" for k, v in summary.items()))

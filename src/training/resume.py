@@ -29,7 +29,7 @@ from src.nmt import checkpoint
 # train.* keys that do not change which weights the run produces, step for step
 FREE_TRAIN_KEYS = frozenset(
     {"threads", "log_every_steps", "max_minutes", "patience", "epochs", "max_steps",
-     "average_best", "nproc_per_node"}
+     "average_best", "nproc_per_node", "allocator"}
 )
 # ... except that a cosine schedule decays over max_steps or epochs x steps per epoch
 COSINE_HORIZON_KEYS = frozenset({"epochs", "max_steps"})
