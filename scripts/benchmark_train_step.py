@@ -7,6 +7,8 @@ and the share of padding. `--profile` prints torch.profiler's top operators by s
 
     python scripts/benchmark_train_step.py --precision fp32 --precision bf16 --steps 150
     python scripts/benchmark_train_step.py --precision bf16 --profile 30
+    python scripts/benchmark_train_step.py --precision bf16 --epoch 1 --warmup 0 --steps 450 \
+        --window 50 --allocator system     # glibc's malloc slowing down over 450 steps
 
 Run it on an idle machine: two PyTorch processes on two cores slow each other several-fold.
 """
@@ -45,7 +47,7 @@ def cpu_name() -> str:
 
 
 def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threads: int,
-        overrides: dict) -> dict:
+        overrides: dict, window: int = 0) -> dict:
     model_params = load_params(ModelParams)
     cfg = load_params(TrainParams).model_copy(update={"precision": precision} | overrides)
     torch.set_num_threads(threads)
@@ -77,9 +79,16 @@ def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threa
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
         timed = batches[warmup : warmup + steps]
         start = time.perf_counter()
-        tokens = 0
-        for batch in timed:
-            tokens += trainer.step([batch])[1]
+        tokens, windows = 0, []
+        window_start, window_tokens = start, 0
+        for i, batch in enumerate(timed, 1):
+            step_tokens = trainer.step([batch])[1]
+            tokens += step_tokens
+            window_tokens += step_tokens
+            if window and i % window == 0:  # a process that slows down shows it here
+                now = time.perf_counter()
+                windows.append(round(window_tokens / (now - window_start), 1))
+                window_start, window_tokens = now, 0
         seconds = time.perf_counter() - start
     cells = sum(b.src.numel() + b.tgt_out.numel() for b in timed)
     real = sum(b.n_tokens for b in timed)
@@ -93,7 +102,7 @@ def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threa
         "pad_share": round(1 - real / cells, 4),
         "distinct_shapes": len(shapes),
         "mean_tokens_per_step": round(float(np.mean([b.n_tokens for b in timed])), 1),
-    }
+    } | ({f"tokens_per_s_by_{window}_steps": windows} if window else {})
 
 
 @app.command()
@@ -106,6 +115,8 @@ def main(
     threads: int = typer.Option(2, help="torch threads."),
     length_multiple: int = typer.Option(-1, help="Override train.length_multiple (-1: keep)."),
     rounds: int = typer.Option(1, help="Alternate the precisions this many times."),
+    window: int = typer.Option(0, min=0, help="Also tokens/s of every this many timed steps "
+                               "(a process that slows down as it runs shows it); 0: off."),
     out: Path = typer.Option(None, help="Append the rows as JSON lines here."),
     allocator: str = typer.Option("auto", help="As train.allocator: auto | tcmalloc | system "
                                   "(auto and tcmalloc restart the script on tcmalloc)."),
@@ -114,7 +125,7 @@ def main(
     use_allocator(allocator, sys.orig_argv)  # as the train stage does
     for _ in range(rounds):
         for name in precision:
-            row = run(name, steps, warmup, epoch, profile, threads, overrides)
+            row = run(name, steps, warmup, epoch, profile, threads, overrides, window)
             row |= {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__,
                     "epoch": epoch, "allocator": allocator_in_use()} | overrides
             print(json.dumps(row))

@@ -11,8 +11,7 @@ import pytest
 
 from src.core.errors import PipelineError
 from src.training import host_memory
-from src.training.host_memory import (Allocator, find_tcmalloc, preloaded_allocator,
-                                      use_allocator)
+from src.training.host_memory import Allocator, find_tcmalloc, preloaded_allocator, use_allocator
 
 ROOT = Path(__file__).resolve().parents[1]
 LINUX = sys.platform.startswith("linux")

@@ -509,11 +509,15 @@ def test_the_train_step_benchmark_times_and_profiles_the_stages_own_step(project
     out = tmp_path / "steps.jsonl"
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/benchmark_train_step.py"), "--precision", "fp32",
-         "--steps", "3", "--warmup", "1", "--epoch", "0", "--profile", "1", "--threads", "1",
-         "--out", str(out)],
+         "--steps", "4", "--warmup", "1", "--epoch", "0", "--profile", "1", "--threads", "1",
+         "--window", "2", "--out", str(out)],
         cwd=REPO, env={**os.environ, "NMT_ROOT": str(project)}, capture_output=True,
         text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert (row["precision"], row["steps"], row["threads"], row["epoch"]) == ("fp32", 3, 1, 0)
+    assert (row["precision"], row["steps"], row["threads"], row["epoch"]) == ("fp32", 4, 1, 0)
     assert "Self CPU" in result.stdout  # the profiler's table of the profiled step
+    assert len(row["tokens_per_s_by_2_steps"]) == 2  # two windows of two steps
+    # restarted on tcmalloc (auto) where the machine has it, as the train stage is
+    from src.training.host_memory import find_tcmalloc, own_malloc
+    assert row["allocator"] == ("tcmalloc" if find_tcmalloc() else own_malloc())
