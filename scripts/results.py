@@ -82,7 +82,8 @@ def default_run(runs: list[dict], source: str) -> list[str]:
         # a run stopped and resumed has step time but no single wall-clock figure
         wall = (f"{run['wall_minutes']} min" if run["wall_minutes"] is not None
                 else "none: trained in sittings, each resumed bit for bit by `dvc repro`")
-        return [f"{run.get('precision', 'fp32')}, {run.get('cpu', run['machine'])}",
+        return [f"{run.get('precision', 'fp32')}, {run.get('cpu', run['machine'])}"
+                + (f", {run['allocator']} malloc" if run.get("allocator") else ""),
                 f"`{run['commit']}`", wall,
                 f"{t['epochs']} epochs, {t['steps']:,} steps, {t['train_minutes']} min, "
                 f"{t['tokens_per_s']:,} tokens/s", f"{t['n_parameters']:,}",
@@ -93,7 +94,7 @@ def default_run(runs: list[dict], source: str) -> list[str]:
                 *[b["bleu"] for b in run["bleu_by_source_words"]]]
 
     first = runs[0]
-    measures = ["precision, CPU", "code", "wall time", "training", "parameters",
+    measures = ["precision, CPU (allocator)", "code", "wall time", "training", "parameters",
                 "split (pairs)",
                 f"test BLEU (sacreBLEU `{first['test']['bleu_tokenizer']}`, beam "
                 f"{first['test']['beam_size']})", "test chrF", "brevity penalty",
@@ -281,7 +282,8 @@ def training_speed_by_precision(sitting: dict, earlier: list[dict] | tuple = (),
              + (f" Raw numbers, every sitting: {cite(source)}." if source else ""), ""]
     header = ["system", "precision", "ranks x threads", "command", "tokens/s", "x peer fp32",
               "share of the precision's matmul peak"]
-    rows = [[r["system"], r["precision"], r["layout"], f"`{r['command']}`",
+    rows = [[r["system"], r["precision"], r["layout"],
+             f"`{r['command']}`" + (f", {r['allocator']} malloc" if r.get("allocator") else ""),
              f"{r['tokens_per_s']:,}", f"{r['tokens_per_s'] / peer_fp32(sitting):.2f}", share(r)]
             for r in sitting["rows"]]
     if earlier:

@@ -59,6 +59,15 @@ def test_asking_for_tcmalloc_where_there_is_none_is_one_line_saying_how_to_insta
         use_allocator("tcmalloc", [sys.executable, "-c", "pass"])
 
 
+def test_a_process_on_another_preloaded_allocator_keeps_it_unless_tcmalloc_is_demanded(
+        monkeypatch):
+    jemalloc = Allocator("jemalloc", "/usr/lib/libjemalloc.so.2")
+    monkeypatch.setattr(host_memory, "preloaded_allocator", lambda maps=None: jemalloc)
+    assert use_allocator("auto", None) == jemalloc == use_allocator("system", None)
+    with pytest.raises(PipelineError, match="runs on jemalloc .*LD_PRELOAD"):
+        use_allocator("tcmalloc", None)
+
+
 @pytest.mark.skipif(not LINUX, reason="preloading is Linux's")
 def test_auto_without_tcmalloc_runs_on_the_c_library_and_says_why(no_tcmalloc):
     chosen = use_allocator("auto", [sys.executable, "-c", "pass"])

@@ -48,9 +48,6 @@ class Allocator:
     library: str = ""  # the preloaded library's path; "" for the C library's own malloc
     note: str = ""  # a line for the user when the choice was not what `auto` hopes for
 
-    def describe(self) -> str:
-        return f"{self.name} ({self.library})" if self.library else self.name
-
 
 def library_dirs() -> list[Path]:
     """Where distributions and environments put shared libraries, most specific first."""
@@ -101,6 +98,10 @@ def use_allocator(choice: str, restart_argv: list[str] | None) -> Allocator:
     never restarts, and reports what the process has.
     """
     loaded = preloaded_allocator()
+    if loaded and loaded.name != "tcmalloc" and choice == "tcmalloc":
+        raise PipelineError(f"train.allocator tcmalloc: this process runs on {loaded.name} "
+                            f"({loaded.library}, from LD_PRELOAD); drop it from LD_PRELOAD or "
+                            "set train.allocator: system")
     if loaded or choice == "system":
         if not loaded:
             keep_freed_memory()
@@ -133,7 +134,7 @@ def refuse_or_fall_back(choice: str, why: str) -> Allocator:
     keep_freed_memory()
     name = own_malloc()
     return Allocator(name, note=f"memory allocator: {name} malloc, as {why}; bf16 steps ran "
-                     "29% faster on tcmalloc (docs/training_speed.md)")
+                     "29% faster on tcmalloc on an AMX Xeon (docs/training_speed.md)")
 
 
 def allocator_in_use() -> str:
