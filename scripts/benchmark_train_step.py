@@ -7,7 +7,7 @@ and the share of padding. `--profile` prints torch.profiler's top operators by s
 
     python scripts/benchmark_train_step.py --precision fp32 --precision bf16 --steps 150
     python scripts/benchmark_train_step.py --precision bf16 --profile 30
-    python scripts/benchmark_train_step.py --precision bf16 --epoch 1 --warmup 0 --steps 450 \
+    python scripts/benchmark_train_step.py --precision bf16 --epoch 1 --warmup 20 --steps 450 \
         --window 50 --allocator system     # glibc's malloc slowing down over 450 steps
 
 Run it on an idle machine: two PyTorch processes on two cores slow each other several-fold.
@@ -32,7 +32,7 @@ from src.data.batching import make_batch, token_batches
 from src.data.subword import load_tokenizers
 from src.nmt.model import Transformer, model_config
 from src.training.fit import training_corpus
-from src.training.host_memory import allocator_in_use, use_allocator
+from src.training.host_memory import ALLOCATOR_CHOICES, allocator_in_use, use_allocator
 from src.training.resume import ResumeStore
 from src.training.trainer import Trainer, set_seed
 
@@ -122,6 +122,9 @@ def main(
                                   "(auto and tcmalloc restart the script on tcmalloc)."),
 ) -> None:
     overrides = {} if length_multiple < 0 else {"length_multiple": length_multiple}
+    if allocator not in ALLOCATOR_CHOICES:
+        raise typer.BadParameter(f"expected one of {', '.join(ALLOCATOR_CHOICES)}",
+                                 param_hint="--allocator")
     use_allocator(allocator, sys.orig_argv)  # as the train stage does
     for _ in range(rounds):
         for name in precision:

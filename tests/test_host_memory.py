@@ -74,6 +74,8 @@ def test_auto_without_tcmalloc_runs_on_the_c_library_and_says_why(no_tcmalloc):
     assert chosen.name == host_memory.own_malloc() and chosen.library == ""
     assert "no tcmalloc library found" in chosen.note and "apt-get install" in chosen.note
     assert use_allocator("system", None) == Allocator(host_memory.own_malloc())
+    with pytest.raises(ValueError, match="'fast': expected one of"):
+        use_allocator("fast", None)
 
 
 RESTARTING = """

@@ -37,6 +37,7 @@ TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 # Shared libraries that replace malloc when preloaded, as they appear in /proc/self/maps.
 ALLOCATOR_LIBRARIES = {"libtcmalloc": "tcmalloc", "libjemalloc": "jemalloc",
                        "libmimalloc": "mimalloc"}
+ALLOCATOR_CHOICES = ("auto", "tcmalloc", "system")  # train.allocator
 RESTARTED = "NMT_ALLOCATOR_RESTARTED"  # set on the restart: never restart twice
 INSTALL_HINT = ("Debian/Ubuntu: apt-get install libtcmalloc-minimal4; Fedora: dnf install "
                 "gperftools-libs; conda: conda install gperftools")
@@ -97,6 +98,8 @@ def use_allocator(choice: str, restart_argv: list[str] | None) -> Allocator:
     and this call does not return; `restart_argv` None (a caller inside a test runner, say)
     never restarts, and reports what the process has.
     """
+    if choice not in ALLOCATOR_CHOICES:
+        raise ValueError(f"allocator {choice!r}: expected one of {ALLOCATOR_CHOICES}")
     loaded = preloaded_allocator()
     if loaded and loaded.name != "tcmalloc" and choice == "tcmalloc":
         raise PipelineError(f"train.allocator tcmalloc: this process runs on {loaded.name} "
