@@ -66,7 +66,7 @@ def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threa
         trainer = Trainer(model, cfg, torch.device("cpu"), 20_000, store, threads)
         batches = [make_batch([pairs.source(i) for i in idx], [pairs.target(i) for i in idx],
                               model.max_positions, cfg.length_multiple)
-                   for idx in order[: warmup + steps]]
+                   for idx in order[: warmup + max(steps, profile)]]
         for batch in batches[:warmup]:
             trainer.step([batch])
         if profile:
