@@ -648,35 +648,86 @@ def test_in_bf16_every_vocabulary_product_has_a_shape_that_repeats():
     assert shapes == {((8, 16), (16, 50)), ((8, 50), (50, 16)), ((50, 40), (40, 16))}
 
 
-def test_a_bf16_training_linear_sees_rows_in_whole_buckets():
-    """`Linear` pads the rows (batch x length) to a multiple of ROW_BUCKET when training in bf16
-    on the CPU, so its products' shapes repeat; the output and the gradients are the plain
-    layer's. In evaluation, or in fp32, it runs the plain product on the rows as they are."""
-    from src.nmt.model import ROW_BUCKET, Linear
+PACKING_BATCH = ([[5, 6, 7, 8, 9, 10, 11], [12, 13], [14]],  # 10 real source tokens of 24
+                 [[15, 16, 17], [18, 19, 20, 21, 22, 23], [24]])  # 13 real target tokens of 21
 
-    torch.manual_seed(5)
-    layer = Linear(16, 24)
-    x0 = torch.randn(3, 7, 16)  # 21 rows
-    results = {}
-    for bucketed in (False, True):
-        layer.zero_grad()
-        x = x0.clone().requires_grad_()
+
+def bf16_training_loss_and_grads(model, batch, packed: bool, monkeypatch=None):
+    """The train stage's loss under bf16 autocast, its parameters' gradients, the products."""
+    model.zero_grad()
+    model.train()
+    torch.manual_seed(11)  # the same dropout masks for the same shapes
+    with monkeypatch.context() as patch:
+        if not packed:
+            patch.setattr(Transformer, "packs_rows", lambda self, device: False)
         with ProductShapes() as products:
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                y = layer(x) if bucketed else F.linear(x, layer.weight, layer.bias)
-            y.float().square().sum().backward()
-        results[bucketed] = (y.detach().float(), x.grad, layer.weight.grad.clone(),
-                             layer.bias.grad.clone(), products.seen)
-    plain, padded = results[False], results[True]
-    assert padded[0].shape == (3, 7, 24)
-    for a, b in zip(plain[:4], padded[:4]):
-        assert torch.allclose(a, b, rtol=0.02, atol=1e-3)
-    # forward, grad of the input, grad of the weight: all over ROW_BUCKET rows, not 21
-    assert set(padded[4]) == {((ROW_BUCKET, 16), (16, 24)), ((ROW_BUCKET, 24), (24, 16)),
-                              ((24, ROW_BUCKET), (ROW_BUCKET, 16))}
-    with ProductShapes() as products:
-        layer.eval()
-        layer(x0)
-        layer.train()
-        layer(x0)  # fp32
-    assert products.seen == [((21, 16), (16, 24))] * 2
+                loss, _, _ = token_loss(model, batch, label_smoothing=0.1)
+            loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return loss.detach(), grads, products.seen
+
+
+def test_a_bf16_training_step_runs_on_the_real_tokens_in_whole_buckets(monkeypatch):
+    """In bf16 training on the CPU every linear layer reads the real tokens' rows, filled up to
+    a multiple of ROW_BUCKET (10 source, 13 target -> 64 rows each), never the padded grid; the
+    loss and the gradients are the grid's up to bf16 rounding. Evaluation keeps the grid."""
+    from src.nmt.packing import ROW_BUCKET
+
+    torch.manual_seed(5)
+    model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=2, ffn_dim=32,
+                                    dropout=0.0))
+    batch = make_batch(*PACKING_BATCH, max_positions=16)
+    assert batch.src.numel() == 24 and batch.tgt_in.numel() == 21
+    loss0, grads0, grid = bf16_training_loss_and_grads(model, batch, False, monkeypatch)
+    loss1, grads1, rows = bf16_training_loss_and_grads(model, batch, True, monkeypatch)
+    assert torch.allclose(loss0, loss1, rtol=1e-3)
+    for name, grad in grads0.items():
+        assert torch.allclose(grad, grads1[name], rtol=0.03, atol=2e-3), name
+    # the linear layers' forward products, (rows, 16) x (16, out); the loss's are (256, 16)
+    linear_rows = {a[0] for a, b in rows if a[1] == 16 and a[0] != 256}
+    assert linear_rows == {ROW_BUCKET}
+    assert {a[0] for a, b in grid if a[1] == 16 and a[0] != 256} == {24, 21}
+    model.eval()
+    with ProductShapes() as products, torch.autocast("cpu", dtype=torch.bfloat16):
+        token_loss(model, batch, label_smoothing=0.1)
+    assert {a[0] for a, b in products.seen if a[1] == 16 and a[0] != 256} == {24, 21}
+
+
+def test_packed_rows_move_real_tokens_and_only_their_gradients():
+    from src.nmt.packing import ROW_BUCKET, PackedRows
+
+    real = torch.tensor([[True, True, True], [True, False, False]])
+    packing = PackedRows(real)
+    assert packing.positions.tolist() == [0, 1, 2, 3] and packing.n_real == 4
+    assert packing.rows.tolist() == [0, 1, 2, 3] + [0] * (ROW_BUCKET - 4)
+    assert packing.pe_rows()[:4].tolist() == [0, 1, 2, 0]
+    grid = torch.arange(6.0).view(2, 3, 1).expand(2, 3, 2).clone().requires_grad_()
+    rows = packing.pack(grid)
+    assert rows.shape == (ROW_BUCKET, 2) and rows[:4, 0].tolist() == [0, 1, 2, 3]
+    back = packing.unpack(rows)
+    assert torch.equal(back[real], grid[real].detach())
+    (back * torch.arange(1.0, 13.0).view(2, 3, 2)).sum().backward()
+    # real positions get their own gradient; pad positions none (attention never lets one
+    # reach them), where plain indexing would have summed every pad position into row 0
+    assert grid.grad.view(6, 2).tolist() == [[1, 2], [3, 4], [5, 6], [7, 8], [0, 0], [0, 0]]
+
+
+def test_no_gradient_but_exact_zeros_reaches_filler_rows_or_pad_positions(monkeypatch):
+    """The packed step's backward leaves out what reaches filler rows and pad positions (see
+    src/nmt/packing.py); plain indexing, which sums it all in, gives the same gradients bit for
+    bit, dropout included: what was left out was exact zeros."""
+    from src.nmt import packing as packing_module
+
+    torch.manual_seed(5)
+    model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=2, ffn_dim=32,
+                                    dropout=0.3))
+    batch = make_batch(*PACKING_BATCH, max_positions=16)
+    _, ours, _ = bf16_training_loss_and_grads(model, batch, True, monkeypatch)
+    monkeypatch.setattr(packing_module.PackedRows, "pack", lambda self, grid: grid.reshape(
+        self.batch * self.length, -1).index_select(0, self.rows))
+    monkeypatch.setattr(packing_module.PackedRows, "unpack", lambda self, rows: rows.index_select(
+        0, self.gather).view(self.batch, self.length, -1))
+    _, summed, _ = bf16_training_loss_and_grads(model, batch, True, monkeypatch)
+    for name, grad in ours.items():
+        assert torch.equal(grad, summed[name]), name

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from src.core.special_ids import PAD
 from src.nmt.dropout import Dropout, dropout
+from src.nmt.packing import PackedRows
 
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, H, T, d_head)
 
@@ -56,32 +57,6 @@ def matmul_input(x: Tensor) -> Tensor:
     return x
 
 
-# Training rows (batch x length) are padded to a multiple of this in bf16 on the CPU (`Linear`).
-ROW_BUCKET = 64
-
-
-class Linear(nn.Linear):
-    """`nn.Linear` whose products see few distinct shapes when training in bf16 on the CPU.
-
-    oneDNN, which runs bf16 products there, builds a kernel for every new shape and keeps only
-    the last 1,024 (its primitive cache): the rows of a layer's input (batch x length) are new
-    almost every batch, and a first call took ten times a cached one (a (1,201, 256) x
-    (256, 256) product on an AMX Xeon: 1.58 ms, cached 0.13-0.17 ms; docs/training_speed.md).
-    Padded with zeros to a multiple of ROW_BUCKET, the rows take a few dozen sizes, whose kernels
-    stay cached; padded rows give zero outputs, which are dropped, and add nothing to the weight
-    gradient. Elsewhere (fp32, GPU, evaluation, export) it is `nn.Linear`."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not (self.training and x.device.type == "cpu" and torch.is_autocast_enabled("cpu")):
-            return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.shape[-1])  # (B*T, D_in)
-        n = rows.shape[0]
-        padded = -(-n // ROW_BUCKET) * ROW_BUCKET
-        if padded != n:
-            rows = F.pad(rows, (0, 0, 0, padded - n))
-        return F.linear(rows, self.weight, self.bias)[:n].view(*x.shape[:-1], -1)
-
-
 class Embeddings(nn.Module):
     """Token embedding * sqrt(d_model) + sinusoidal position, then dropout."""
 
@@ -93,7 +68,11 @@ class Embeddings(nn.Module):
         self.register_buffer("pe", sinusoidal_positions(max_positions, d_model), persistent=False)
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+    def forward(self, ids: Tensor, offset: int | Tensor = 0, packing: PackedRows | None = None
+                ) -> Tensor:
+        if packing is not None:  # (rows, D): the real tokens only
+            ids = ids.reshape(-1).index_select(0, packing.rows)
+            return self.dropout(self.token(ids) * self.scale + self.pe[packing.pe_rows()])
         length = ids.shape[1]
         return self.dropout(self.token(ids) * self.scale + self.pe[offset : offset + length])
 
@@ -119,32 +98,41 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.n_heads, self.d_head = n_heads, d_model // n_heads
-        self.q_proj = Linear(d_model, d_model)
-        self.k_proj = Linear(d_model, d_model)
-        self.v_proj = Linear(d_model, d_model)
-        self.out_proj = Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
 
-    def project_kv(self, x: Tensor) -> KV:
-        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+    def project_kv(self, x: Tensor, packing: PackedRows | None = None) -> KV:
+        k, v = self.k_proj(x), self.v_proj(x)
+        if packing is not None:
+            k, v = packing.unpack(k), packing.unpack(v)
+        return self.split_heads(k), self.split_heads(v)
 
-    def attend(self, x: Tensor, kv: KV, mask: Tensor | None) -> Tensor:
-        """Queries from x (B, Tq, D) over keys/values (B, H, Tk, d_head); mask True = attend."""
-        q = self.split_heads(self.q_proj(x))
+    def attend(self, x: Tensor, kv: KV, mask: Tensor | None, packing: PackedRows | None = None
+               ) -> Tensor:
+        """Queries from x (B, Tq, D), or its packed rows, over keys/values (B, H, Tk, d_head);
+        mask True = attend."""
+        q = self.q_proj(x)
+        q = self.split_heads(q if packing is None else packing.unpack(q))
         k, v = kv
         if self.training and self.dropout > 0:
             out = attention_with_dropout(q, k, v, mask, self.dropout)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, Tq, D)
+        out = out.transpose(1, 2).reshape(b, t, -1)  # (B, Tq, D)
+        return self.out_proj(out if packing is None else packing.pack(out))
 
-    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
-        return self.attend(x, self.project_kv(memory), mask)
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None,
+                packing: PackedRows | None = None, memory_packing: PackedRows | None = None
+                ) -> Tensor:
+        return self.attend(x, self.project_kv(memory, memory_packing), mask, packing)
 
 
 class FeedForward(nn.Module):
@@ -153,10 +141,10 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, ffn_dim: int, dropout: float):
         super().__init__()
         self.net = nn.Sequential(
-            Linear(d_model, ffn_dim),
+            nn.Linear(d_model, ffn_dim),
             nn.ReLU(),
             Dropout(dropout),
-            Linear(ffn_dim, d_model),
+            nn.Linear(ffn_dim, d_model),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -186,8 +174,8 @@ class EncoderLayer(nn.Module):
         self.res_attn = Residual(d_model, dropout, pre_norm)
         self.res_ffn = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask))
+    def forward(self, x: Tensor, src_mask: Tensor, packing: PackedRows | None = None) -> Tensor:
+        x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask, packing, packing))
         return self.res_ffn(x, self.ffn)
 
 
@@ -201,9 +189,12 @@ class DecoderLayer(nn.Module):
         self.res_cross = Residual(d_model, dropout, pre_norm)
         self.res_ffn = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
-        y = self.res_self(y, lambda h: self.self_attn(h, h, tgt_mask))
-        y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask))
+    def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor,
+                packing: PackedRows | None = None, memory_packing: PackedRows | None = None
+                ) -> Tensor:
+        y = self.res_self(y, lambda h: self.self_attn(h, h, tgt_mask, packing, packing))
+        y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask, packing,
+                                                        memory_packing))
         return self.res_ffn(y, self.ffn)
 
     def step(self, y: Tensor, past: KV, cross: KV, src_mask: Tensor) -> tuple[Tensor, KV]:
@@ -274,22 +265,35 @@ class Transformer(nn.Module):
     def max_positions(self) -> int:
         return self.config.max_positions
 
+    def packs_rows(self, device: torch.device) -> bool:
+        """Whether encode and decode run on the real tokens' rows (`PackedRows`): training in
+        bf16 on the CPU, where oneDNN's per-shape kernels need the rows bucketed anyway."""
+        return self.training and device.type == "cpu" and torch.is_autocast_enabled("cpu")
+
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) ids -> memory (B, S, D) and its padding mask (B, 1, 1, S)."""
         src_mask = padding_mask(src)
-        x = self.src_embed(src)
+        packing = PackedRows(src_mask[:, 0, 0]) if self.packs_rows(src.device) else None
+        x = self.src_embed(src, packing=packing)
         for layer in self.encoder:
-            x = layer(x, src_mask)
-        return self.enc_norm(x), src_mask
+            x = layer(x, src_mask, packing)
+        x = self.enc_norm(x)
+        return (x if packing is None else packing.unpack(x)), src_mask
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher forcing: tgt_in (B, T) -> hidden states (B, T, D)."""
         t = tgt_in.shape[1]
-        tgt_mask = padding_mask(tgt_in) & causal_mask(t, tgt_in.device)  # (B, 1, T, T)
-        y = self.tgt_embed(tgt_in)
+        real = tgt_in != PAD
+        tgt_mask = real[:, None, None, :] & causal_mask(t, tgt_in.device)  # (B, 1, T, T)
+        packing = memory_packing = None
+        if self.packs_rows(tgt_in.device):
+            packing, memory_packing = PackedRows(real), PackedRows(src_mask[:, 0, 0])
+        y = self.tgt_embed(tgt_in, packing=packing)
         memory = matmul_input(memory)  # read by every layer's cross-attention keys and values
+        if memory_packing is not None:
+            memory = memory_packing.pack(memory)
         for layer in self.decoder:
-            out = layer(y, memory, src_mask, tgt_mask)
+            out = layer(y, memory, src_mask, tgt_mask, packing, memory_packing)
             if self.training and self.config.decoder_layerdrop > 0:
                 # LayerDrop (Fan, Grave & Joulin, ICLR 2020): the whole batch skips the layer.
                 # Computed and multiplied away rather than skipped, so every parameter stays in
@@ -297,7 +301,8 @@ class Transformer(nn.Module):
                 keep = (torch.rand((), device=y.device) >= self.config.decoder_layerdrop)
                 out = y + keep.to(y.dtype) * (out - y)
             y = out
-        return self.dec_norm(y)
+        y = self.dec_norm(y)
+        return y if packing is None else packing.unpack(y)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Logits (B, T, V) for every target position."""
