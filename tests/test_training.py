@@ -670,13 +670,14 @@ def bf16_training_loss_and_grads(model, batch, packed: bool, monkeypatch=None):
 
 def test_a_bf16_training_step_runs_on_the_real_tokens_in_whole_buckets(monkeypatch):
     """In bf16 training on the CPU every linear layer reads the real tokens' rows, filled up to
-    a multiple of ROW_BUCKET (10 source, 13 target -> 64 rows each), never the padded grid; the
-    loss and the gradients are the grid's up to bf16 rounding. Evaluation keeps the grid."""
+    a multiple of ROW_BUCKET (10 source, 13 target -> 64 rows each), never the padded grid; it
+    drops what the grid drops, so the loss and the gradients are the grid's up to bf16
+    rounding. Evaluation keeps the grid."""
     from src.nmt.packing import ROW_BUCKET
 
     torch.manual_seed(5)
     model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=2, ffn_dim=32,
-                                    dropout=0.0))
+                                    dropout=0.3))
     batch = make_batch(*PACKING_BATCH, max_positions=16)
     assert batch.src.numel() == 24 and batch.tgt_in.numel() == 21
     loss0, grads0, grid = bf16_training_loss_and_grads(model, batch, False, monkeypatch)

@@ -18,11 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.nmt.packing import PackedRows
+
 LEVELS = 1 << 16  # values of one 16-bit mask draw
 
 
-def dropout(x: Tensor, p: float) -> Tensor:
-    """Zero each element with probability ~p (to 1/65536), scale the rest to keep the mean."""
+def dropout(x: Tensor, p: float, packing: PackedRows | None = None) -> Tensor:
+    """Zero each element with probability ~p (to 1/65536), scale the rest to keep the mean.
+
+    x may be a batch's packed rows (`packing`, src/nmt/packing.py): the mask is then drawn over
+    the whole sentences x length grid and its real positions taken, so a packed step drops
+    what the same step on the grid would, and both train the same model."""
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
     drop_levels = round(p * LEVELS)
@@ -30,11 +36,15 @@ def dropout(x: Tensor, p: float) -> Tensor:
         return x
     if drop_levels >= LEVELS:
         return torch.zeros_like(x)
-    n = x.numel()
+    n = x.numel() if packing is None else packing.batch * packing.length * x.shape[-1]
     # Full 64-bit range: `random_()` without bounds leaves the top bit 0 and would bias one of
     # the four 16-bit lanes.
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
-    draws = words.view(torch.int16)[:n].view(x.shape)
+    draws = words.view(torch.int16)[:n]
+    if packing is None:
+        draws = draws.view(x.shape)
+    else:
+        draws = draws.view(-1, x.shape[-1]).index_select(0, packing.rows)
     keep = draws >= drop_levels - LEVELS // 2  # int16 spans -32768..32767
     return x * keep.to(x.dtype).mul_(LEVELS / (LEVELS - drop_levels))
 
@@ -48,10 +58,10 @@ class Dropout(nn.Module):
             raise ValueError(f"dropout probability must be in [0, 1], got {p}")
         self.p = p
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, packing: PackedRows | None = None) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        return dropout(x, self.p)
+        return dropout(x, self.p, packing)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -72,7 +72,7 @@ class Embeddings(nn.Module):
                 ) -> Tensor:
         if packing is not None:  # (rows, D): the real tokens only
             ids = ids.reshape(-1).index_select(0, packing.rows)
-            return self.dropout(self.token(ids) * self.scale + self.pe[packing.pe_rows()])
+            return self.dropout(self.token(ids) * self.scale + self.pe[packing.pe_rows()], packing)
         length = ids.shape[1]
         return self.dropout(self.token(ids) * self.scale + self.pe[offset : offset + length])
 
@@ -147,8 +147,9 @@ class FeedForward(nn.Module):
             nn.Linear(ffn_dim, d_model),
         )
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+    def forward(self, x: Tensor, packing: PackedRows | None = None) -> Tensor:
+        up, relu, drop, down = self.net
+        return down(drop(relu(up(x)), packing))
 
 
 class Residual(nn.Module):
@@ -160,10 +161,10 @@ class Residual(nn.Module):
         self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
-    def forward(self, x: Tensor, sublayer) -> Tensor:
+    def forward(self, x: Tensor, sublayer, packing: PackedRows | None = None) -> Tensor:
         if self.pre_norm:
-            return x + self.dropout(sublayer(matmul_input(self.norm(x))))
-        return self.norm(x + self.dropout(sublayer(matmul_input(x))))
+            return x + self.dropout(sublayer(matmul_input(self.norm(x))), packing)
+        return self.norm(x + self.dropout(sublayer(matmul_input(x)), packing))
 
 
 class EncoderLayer(nn.Module):
@@ -175,8 +176,8 @@ class EncoderLayer(nn.Module):
         self.res_ffn = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x: Tensor, src_mask: Tensor, packing: PackedRows | None = None) -> Tensor:
-        x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask, packing, packing))
-        return self.res_ffn(x, self.ffn)
+        x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask, packing, packing), packing)
+        return self.res_ffn(x, lambda h: self.ffn(h, packing), packing)
 
 
 class DecoderLayer(nn.Module):
@@ -192,10 +193,10 @@ class DecoderLayer(nn.Module):
     def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor,
                 packing: PackedRows | None = None, memory_packing: PackedRows | None = None
                 ) -> Tensor:
-        y = self.res_self(y, lambda h: self.self_attn(h, h, tgt_mask, packing, packing))
+        y = self.res_self(y, lambda h: self.self_attn(h, h, tgt_mask, packing, packing), packing)
         y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask, packing,
-                                                        memory_packing))
-        return self.res_ffn(y, self.ffn)
+                                                        memory_packing), packing)
+        return self.res_ffn(y, lambda h: self.ffn(h, packing), packing)
 
     def step(self, y: Tensor, past: KV, cross: KV, src_mask: Tensor) -> tuple[Tensor, KV]:
         """One new position y (B, 1, D): self-attend over cache + itself, no mask needed."""
