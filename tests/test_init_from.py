@@ -189,8 +189,10 @@ def register(store: Path, parent: Path, name: str = "nmt-en-zh", alias: str = "c
     import mlflow
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(f"sqlite:///{store}")
-    client = MlflowClient()
+    uri = f"sqlite:///{store}"
+    mlflow.set_tracking_uri(uri)
+    # the registry named too: a registry URI an earlier test left in this process would win
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     with mlflow.start_run() as run:
         mlflow.log_artifact(str(parent / "models/model.pt"), "weights")
         mlflow.log_artifacts(str(parent / "models/tokenizer"), "weights/tokenizer")
