@@ -76,7 +76,7 @@ def test_the_cut_takes_out_the_operator_and_makes_its_outputs_constants():
                                    two_searches(outputs=("sequences", "sequences_scores")),
                                    b""])
 def test_a_file_whose_batches_the_operator_searches_is_not_cut(model):
-    """Without a Loop beside it (the fp16 file, files before the Loops), or with other
+    """Without a Loop beside it (files before the Loops), or with other
     outputs, the operator is each batch's search: nothing to cut."""
     assert batch_graph.without_operator(model) is None
 

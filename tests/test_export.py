@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from helpers import REPO, assert_one_line_error, run_stage, scratch_root
 from toy_corpus import toy_pairs
 
+from src.core.special_ids import PAD
 from src.data.batching import clip_source, make_batch, pad
 from src.data.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
 from src.graph import onnx_graph
@@ -487,12 +488,17 @@ def test_a_text_twin_keeps_its_own_session(project):
     assert sessions.open_operator_session(path, "cpu", 1) is None
 
 
-def test_an_operator_only_file_searches_batches_with_its_own_session(project):
-    """The fp16 file's batches are the operator's (no Loop beside it): nothing to cut."""
-    assert batch_graph.without_operator((project / "models/model.fp16.onnx").read_bytes()) \
-        is None
-    opened = sessions.open_batch_session(project / "models/model.fp16.onnx", "cpu", 1)
-    assert opened is None
+def test_an_operator_only_file_searches_batches_with_its_own_session(project, tmp_path):
+    """A file whose batches are the operator's (no Loop beside it, as before the Loops):
+    nothing to cut; nor in the fp16 file, whose Loops search every batch (no operator)."""
+    model, _ = checkpoint.load_model(project / "models/model.pt")
+    operator_only = tmp_path / "operator_only.onnx"
+    onnx.save(onnx_graph.assemble(*onnx_graph.export_subgraphs(model, 18), {},
+                                  search="operator"), operator_only)
+    for path in (operator_only, project / "models/model.fp16.onnx"):
+        assert batch_graph.without_operator(path.read_bytes()) is None
+        assert operator_graph.operator_only(path.read_bytes()) is None
+    assert sessions.open_batch_session(operator_only, "cpu", 1) is None
 
 
 def test_infer_translates_a_sentence_argument(project):
@@ -780,31 +786,69 @@ def test_the_int8_gate_judges_scores_not_agreement(metric):
 
 # -- the float16 file for GPUs -----------------------------------------------------------------
 def subgraphs(model: onnx.ModelProto) -> dict[str, onnx.GraphProto]:
+    """The encoder and decoder subgraphs of the file's BeamSearch node."""
     search = onnx_graph.beam_search_node(model.graph)
     return {a.name: a.g for a in search.attribute if a.type == onnx.AttributeProto.GRAPH}
 
 
-def test_the_fp16_file_is_the_search_in_float16(project):
-    """Same outer inputs and outputs as model.onnx; encoder and decoder wholly float16 (weights,
-    logits, past/present), as ONNX Runtime's BeamSearch on CUDA wants; metadata says so."""
+def loop_bodies(model: onnx.ModelProto) -> list[onnx.GraphProto]:
+    """The body of each Loop in the outer graph (the greedy and the beam search)."""
+    return [a.g for node in model.graph.node if node.op_type == "Loop" for a in node.attribute]
+
+
+def test_the_fp16_file_is_model_onnxs_search_over_float16_layers(project):
+    """Same outer inputs and outputs as model.onnx and the same two Loops (no BeamSearch node:
+    every batch, one sentence too, is the Loops'); every weight float16, stored once; the
+    decoder hands the search float32 logits; half the size; metadata says so."""
     fp32 = onnx.load(str(project / "models/model.onnx"))
     fp16 = onnx.load(str(project / "models/model.fp16.onnx"))
     onnx.checker.check_model(fp16)
     assert fp16.graph.input == fp32.graph.input and fp16.graph.output == fp32.graph.output
+    ops = [n.op_type for n in fp16.graph.node]
+    assert ops.count("Loop") == 2 and "BeamSearch" not in ops
     FLOAT, FLOAT16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
-    for name, graph in subgraphs(fp16).items():
-        types = {t.data_type for t in graph.initializer} | {
-            v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
-        assert FLOAT16 in types and FLOAT not in types, name
-    logits = next(o for o in subgraphs(fp16)["decoder"].output if o.name == "logits")
-    assert logits.type.tensor_type.elem_type == FLOAT16
+    matrices = {t.name.removesuffix("_row_normed"): tuple(t.dims) for t in fp32.graph.initializer
+                if t.data_type == FLOAT and len(t.dims) == 2}  # embeddings, projections
+    halves = {t.name: tuple(t.dims) for t in fp16.graph.initializer
+              if t.data_type == FLOAT16 and len(t.dims) == 2}
+    assert halves == matrices, set(halves.items()) ^ set(matrices.items())
+    assert all(t.data_type != FLOAT for graph in [fp16.graph, *loop_bodies(fp16)]
+               for t in graph.initializer)
+    for body in loop_bodies(fp16):
+        cast = next(n for n in body.node if n.op_type == "Cast" and n.output[0].endswith("logits"))
+        assert cast.attribute[0].i == FLOAT
     meta = {p.key: p.value for p in fp16.metadata_props}
-    assert (meta["weights"], meta["runs_on"]) == ("fp16", "cuda")
+    assert (meta["weights"], meta["runs_on"], meta[contract.N_BEST_BATCHES]) == \
+        ("fp16", "cuda", "loop")
     assert os.path.getsize(project / "models/model.fp16.onnx") < \
         os.path.getsize(project / "models/model.onnx")
     stats = json.loads((project / "models/export_stats.json").read_text())
     if not Path("/dev/nvidia0").exists():
         assert stats["fp16_checked"] == "structure"
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_fp16_file_searches_as_model_onnx(project, beam):
+    """On the CPU, where ONNX Runtime runs the float16 nodes through casts of its own: the test
+    split in batches of 16 and one sentence at a time, n-best lists and scores as
+    model.onnx's (float16 rounds the scores, not the search)."""
+    from datasets import load_from_disk
+
+    fp32, fp16 = (session(project / f"models/{name}") for name in ("model.onnx",
+                                                                    "model.fp16.onnx"))
+    sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])
+    batches = [sources[i: i + 16] for i in range(0, len(sources), 16)] + \
+        [[row] for row in sources[:8]]
+    for rows in batches:
+        src = pad([clip_source(r, MAX_POSITIONS) for r in rows]).numpy()
+        feeds = contract.search_feeds(src, 30, beam, 1.0)
+        feeds["num_return_sequences"] = np.array([beam], np.int32)
+        (want, want_scores), (have, have_scores) = (s.run(None, feeds) for s in (fp32, fp16))
+        # every hypothesis of the n-best lists; the operator that model.onnx searches one
+        # sentence with pads them to max_length, the Loops to the longest
+        assert [[[t for t in hyp if t != PAD] for hyp in row] for row in have.tolist()] == \
+            [[[t for t in hyp if t != PAD] for hyp in row] for row in want.tolist()]
+        np.testing.assert_allclose(have_scores, want_scores, atol=0.01)
 
 
 def test_fp16_problems_name_what_breaks_the_contract(project):
@@ -817,19 +861,25 @@ def test_fp16_problems_name_what_breaks_the_contract(project):
     assert fp16_problems(fp16, fp32) == []
     broken = onnx.ModelProto()
     broken.CopyFrom(fp16)
-    decoder = subgraphs(broken)["decoder"]
-    decoder.initializer.append(numpy_helper.from_array(np.zeros(3, np.float32), "left_over"))
+    body = loop_bodies(broken)[0]
+    body.initializer.append(numpy_helper.from_array(np.zeros(3, np.float32), "left_over"))
+    # a layer left in float32 between two casts, as the converter leaves an op it blocks
+    relu = next(n for n in body.node if n.op_type == "Relu")
+    body.node.append(helper.make_node("Cast", [relu.output[0]], ["relu_in_float32"],
+                                      name="back_to_float32", to=onnx.TensorProto.FLOAT))
     broken.graph.input[5].type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
     helper.set_model_props(broken, {"format": "nmt-beamsearch-1"})
     problems = fp16_problems(broken, fp32)
     assert problems[0] == "its graph inputs differ from model.onnx's"
     assert problems[1].startswith("its metadata is not model.onnx's + weights/runs_on")
-    assert problems[2] == "1 float32 initializers in subgraph decoder (left_over)"
+    assert problems[2] == "1 float32 initializers (left_over)"
+    assert problems[3] == ("1 casts to float32 that model.onnx's search has not "
+                           f"(back_to_float32 in {body.name})")
+    assert len(problems) == 4
     unconverted = fp16_problems(fp32, fp32)  # model.onnx itself, as if it were the fp16 file
     assert unconverted[0].startswith("its metadata is not model.onnx's")
-    kinds = {p.split(" (")[0].split(" ", 1)[1] for p in unconverted[1:]}
-    assert {"float32 values in subgraph decoder", "float32 values in subgraph encoder",
-            "float32 initializers in the outer graph"} <= kinds  # model.onnx's weights are there
+    assert re.fullmatch(r"\d+ float32 initializers \(.*\)", unconverted[1])
+    assert unconverted[2] == "0 casts of the logits to float32 for 2 searching Loops"
 
 
 def test_an_fp16_file_that_breaks_the_contract_is_not_written(project):

@@ -147,9 +147,9 @@ def test_without_cuda_everything_but_fp16_runs_on_the_cpu(monkeypatch, available
         assert str(info.value) == f"provider cuda is not available: {why} (use cpu)"
     with pytest.raises(PipelineError) as info:
         placement.providers_for("auto", FP16, available)
-    assert str(info.value) == (f"model.fp16.onnx runs on CUDA only ({why}; ONNX Runtime's CPU "
-                               f"search is float32-only): use model.onnx or model.int8.onnx on "
-                               f"the CPU")
+    assert str(info.value) == (f"model.fp16.onnx runs on CUDA only ({why}; on the CPU float16 "
+                               f"is slower than float32): use model.onnx or model.int8.onnx "
+                               f"there")
 
 
 def test_an_unknown_provider_choice_is_refused():

@@ -16,7 +16,8 @@ onnxruntime/transformers/convert_generation.py, which we cannot import: it needs
 The CPU files (fp32, int8) search one sentence with the BeamSearch node and a batch with the
 same nodes in ONNX Loops that drop finished sentences, one for greedy search and one for beam
 search (src/graph/search_loop.py, `both_searches`); the weights are stored once, in the outer
-graph. The fp16 file (CUDA) has the BeamSearch node only.
+graph. The fp16 file (CUDA) searches every batch, one sentence too, with the Loops: its
+encoder and decoder run in float16 and hand the search float32 logits.
 
 The outer graph is what any ONNX Runtime client calls with one `session.run`:
 
@@ -44,6 +45,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +61,7 @@ from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.graph import onnx_attention, row_norm, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
-from src.runtime.batch_graph import OPERATOR_OUTPUTS
+from src.runtime.batch_graph import OPERATOR_OUTPUTS, STAND_INS
 from src.runtime.contract import N_BEST_BATCHES, SCORE_SWITCH, SEARCH_INPUTS, SEARCH_OUTPUTS
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
@@ -377,7 +379,7 @@ def refuse_more_returns_than_beams(returns: str, beams: str, out: str) -> list[o
                  name=RETURNS_CHECK)]
 
 
-def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
+def both_searches(beam_search: onnx.NodeProto | None, encoder: onnx.GraphProto,
                   decoder: onnx.GraphProto, weights: set[str]) -> list[onnx.NodeProto]:
     """ONNX Runtime's BeamSearch for one sentence, shrinking Loops for a batch: a greedy one
     for one beam, a beam one for more (and for n-best lists).
@@ -387,7 +389,48 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     search from a body without beam bookkeeping. The BeamSearch node and the Loops sit in the
     outer graph with the weights (ONNX Runtime pre-packs weights only one scope up: inside an
     If, their products ran slower); the ones not chosen run on nothing (a Loop: no step, its
-    setup skipped) or on a one-token dummy (BeamSearch: one greedy step)."""
+    setup skipped) or on a one-token dummy (BeamSearch: one greedy step).
+
+    `beam_search` None: the Loops search every batch, one sentence too (the fp16 file: the
+    operator wants the logits in the past states' float16, the Loops read float32 logits)."""
+    node = helper.make_node
+    if beam_search is None:
+        nodes = [node("Constant", [], [name], value=helper.make_tensor(
+            name, dtype, list(shape), [0] * math.prod(shape)))
+            for name, dtype, shape in STAND_INS]  # what a skipped greedy Loop passes on
+        nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
+                  node("Squeeze", ["one_beam_1"], ["skip_beam_loop"]),
+                  node("Not", ["skip_beam_loop"], ["skip_greedy_loop"])]
+    else:
+        nodes = _operator_nodes(beam_search)
+        # A batch: the greedy Loop for one beam, the beam Loop for more.
+        nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
+                  node("Squeeze", ["one_beam_1"], ["one_beam"]),
+                  node("Or", ["by_operator", "one_beam"], ["skip_beam_loop"]),
+                  node("Not", ["one_beam"], ["many_beams"]),
+                  node("Or", ["by_operator", "many_beams"], ["skip_greedy_loop"])]
+    loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
+                   "min_length": "min_length", "num_beams": "num_beams",
+                   "num_return_sequences": "checked_returns",
+                   "length_penalty": "length_penalty", "return_scores": "score_switch"}
+    nodes += _optional_or(SCORE_SWITCH, "one_32", "score_switch")
+    nodes += refuse_more_returns_than_beams("num_return_sequences", "num_beams",
+                                            "checked_returns")
+    n_layers = len(cross_names_of(decoder)) // 2
+    nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
+                                      ("greedy_sequences", "greedy_scores"),
+                                      skip="skip_greedy_loop",
+                                      skipped=OPERATOR_OUTPUTS,
+                                      greedy=True)
+    nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
+                                      SEARCH_OUTPUTS, skip="skip_beam_loop",
+                                      skipped=("greedy_sequences", "greedy_scores"))
+    return nodes
+
+
+def _operator_nodes(beam_search: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """The BeamSearch node on the batch when it is one sentence, else on a one-token dummy;
+    `by_operator` says which."""
     node = helper.make_node
     nodes = [
         node("Shape", ["input_ids"], ["batch_1"], start=0, end=1),
@@ -408,28 +451,6 @@ def both_searches(beam_search: onnx.NodeProto, encoder: onnx.GraphProto,
     operator.input[:] = [renames.get(name, name) for name in operator.input]
     operator.output[:] = OPERATOR_OUTPUTS
     nodes.append(operator)
-    # A batch: the greedy Loop for one beam, the beam Loop for more.
-    nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
-              node("Squeeze", ["one_beam_1"], ["one_beam"]),
-              node("Or", ["by_operator", "one_beam"], ["skip_beam_loop"]),
-              node("Not", ["one_beam"], ["many_beams"]),
-              node("Or", ["by_operator", "many_beams"], ["skip_greedy_loop"])]
-    loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
-                   "min_length": "min_length", "num_beams": "num_beams",
-                   "num_return_sequences": "checked_returns",
-                   "length_penalty": "length_penalty", "return_scores": "score_switch"}
-    nodes += _optional_or(SCORE_SWITCH, "one_32", "score_switch")
-    nodes += refuse_more_returns_than_beams("num_return_sequences", "num_beams",
-                                            "checked_returns")
-    n_layers = len(cross_names_of(decoder)) // 2
-    nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
-                                      ("greedy_sequences", "greedy_scores"),
-                                      skip="skip_greedy_loop",
-                                      skipped=OPERATOR_OUTPUTS,
-                                      greedy=True)
-    nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
-                                      SEARCH_OUTPUTS, skip="skip_beam_loop",
-                                      skipped=("greedy_sequences", "greedy_scores"))
     return nodes
 
 
@@ -446,14 +467,15 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
 
     search="loop": a batch is searched by ONNX ops around the two subgraphs' nodes, dropping
     finished sentences as it goes (src/graph/search_loop.py), one sentence by ONNX Runtime's
-    BeamSearch operator (`both_searches`); "operator": the operator always (what its CUDA
-    provider runs, for the fp16 file)."""
+    BeamSearch operator (`both_searches`); "loops": the Loops search one sentence too (the
+    fp16 file); "operator": the operator always."""
     encoder, decoder = onnx.ModelProto.FromString(encoder.SerializeToString()), \
         onnx.ModelProto.FromString(decoder.SerializeToString())  # work on copies
     encoder.graph.name, decoder.graph.name = "encoder", "decoder"
     untranspose_tied_projection(decoder.graph)
     shared = share_initializers(encoder.graph, decoder.graph)
-    if search == "loop":  # one copy of the weights in the outer graph, read by both
+    loops = search in ("loop", "loops")
+    if loops:  # one copy of the weights in the outer graph, read by both
         shared += hoist_initializers(encoder.graph, "encoder/")
         shared += hoist_initializers(decoder.graph, "decoder/")
     beam_search = helper.make_node(
@@ -466,9 +488,9 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
     # contract's float
     score_type = next(o for o in decoder.graph.output
                       if o.name == "logits").type.tensor_type.elem_type
-    if search == "loop":
-        nodes = both_searches(beam_search, encoder.graph, decoder.graph,
-                              {t.name for t in shared})
+    if loops:
+        nodes = both_searches(beam_search if search == "loop" else None, encoder.graph,
+                              decoder.graph, {t.name for t in shared})
     else:
         nodes = [*source_mask("input_ids", "attention_mask"), beam_search]
         if score_type != TensorProto.FLOAT:
@@ -489,16 +511,18 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
         "sequences", TensorProto.INT32, ["batch_size", "num_return_sequences", "max_length"]),
         helper.make_tensor_value_info("sequences_scores", TensorProto.FLOAT,
                                       ["batch_size", "num_return_sequences"])]
-    pad_id = helper.make_tensor("pad_id", TensorProto.INT32, [], [PAD])
-    constants = PICK_CONSTANTS if search == "loop" else []
+    # read by the operator's source mask (the Loops make theirs)
+    pad_id = [helper.make_tensor("pad_id", TensorProto.INT32, [], [PAD])] \
+        if search != "loops" else []
+    constants = {"loop": PICK_CONSTANTS, "loops": PICK_CONSTANTS[:2]}.get(search, [])
     graph = helper.make_graph(nodes, "nmt generation", inputs, outputs,
-                              [pad_id, *constants, *shared])
+                              [*pad_id, *constants, *shared])
     opsets = [o for o in decoder.opset_import if o.domain != MS_DOMAIN]
     opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="nmt-pipeline",
                               ir_version=IR_VERSION)
     metadata = {**metadata, "outputs": ",".join(SEARCH_OUTPUTS)}
-    if search == "loop":
+    if loops:
         metadata[N_BEST_BATCHES] = "loop"
     helper.set_model_props(model, {k: str(v) for k, v in metadata.items()})
     return model
@@ -509,14 +533,14 @@ def beam_search_node(graph: onnx.GraphProto) -> onnx.NodeProto:
     return next(node for node in graph.node if node.op_type == "BeamSearch")
 
 
-def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """One subgraph in float16, inputs and outputs included (ONNX Runtime's BeamSearch wants
-    the decoder's logits and its past/present in one type), by ONNX Runtime's own converter."""
+def to_fp16(model: onnx.ModelProto, keep_float: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """One subgraph in float16, inputs and outputs included but those named in `keep_float`
+    (the converter casts them back to float32 at the edge), by ONNX Runtime's own converter."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     with quiet_export():
         return convert_float_to_float16(onnx.ModelProto.FromString(model.SerializeToString()),
-                                        keep_io_types=False)
+                                        keep_io_types=list(keep_float) or False)
 
 
 @dataclass
@@ -540,8 +564,9 @@ def build(model: Transformer, metadata: dict[str, str], opset: int,
                               quantize_subgraph(cpu_decoder, int8_work_dir),
                               {**metadata, "weights": "int8"})
     if fp16:
-        # CUDA runs BeamSearch on the device; the greedy loop's Compress would not be.
-        built.fp16 = assemble(to_fp16(encoder), to_fp16(decoder),
+        # The products, attention, norms and caches in float16; the logits leave the decoder
+        # in float32, so the Loops' log-softmax, scores and length penalty are model.onnx's.
+        built.fp16 = assemble(to_fp16(encoder), to_fp16(decoder, keep_float=("logits",)),
                               {**metadata, "weights": "fp16", "runs_on": "cuda"},
-                              search="operator")
+                              search="loops")
     return built

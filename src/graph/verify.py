@@ -32,6 +32,7 @@ from src.nmt.search import (
     source_batch,
 )
 from src.runtime import confidence, contract, generation, placement, sessions
+from src.runtime.batch_graph import OPERATOR_OUTPUTS
 from src.runtime.length_batches import length_batches
 
 SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
@@ -215,48 +216,68 @@ def _graphs(graph: onnx.GraphProto):
                 yield from _graphs(attribute.g)
 
 
+def _float32_casts_and_constants(model: onnx.ModelProto) -> tuple[set, set]:
+    """(graph name, node name or first output) of every Cast to float32, and of every float32
+    Constant, in `model`'s graph and subgraphs (but the stand-ins for the BeamSearch node's
+    scores where a file has no such node)."""
+    float32 = onnx.TensorProto.FLOAT
+    casts, constants = set(), set()
+    for graph in _graphs(model.graph):
+        for n in graph.node:
+            key = (graph.name, n.name or n.output[0])
+            if n.op_type == "Cast" and any(a.name == "to" and a.i == float32
+                                           for a in n.attribute):
+                casts.add(key)
+            elif n.op_type == "Constant" and n.output[0] not in OPERATOR_OUTPUTS and any(
+                    a.name == "value" and a.t.data_type == float32 for a in n.attribute):
+                constants.add(key)
+    return casts, constants
+
+
 def fp16_problems(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> list[str]:
     """What keeps a float16 file from the search contract: the outer inputs and outputs must be
-    model.onnx's (int32 ids, float penalties, int32 sequences), no float32 tensor may remain
-    inside (BeamSearch on CUDA wants the decoder's logits and past/present in float16), and
-    the metadata must be model.onnx's plus `weights: fp16` and `runs_on: cuda` (less
-    `contract.N_BEST_BATCHES`: its operator searches every batch)."""
+    model.onnx's (int32 ids, float penalties, int32 sequences, float scores), the metadata
+    model.onnx's plus `weights: fp16` and `runs_on: cuda`, and every weight float16. The
+    encoder and decoder must compute in float16: the only float32 in the file is the search's
+    own (model.onnx's casts and constants of the Loops: scores, penalties) and one cast per
+    decoder, of its logits, which the search reads in float32."""
     problems = []
     for side in ("input", "output"):
         want = [v.SerializeToString() for v in getattr(fp32.graph, side)]
         if [v.SerializeToString() for v in getattr(fp16.graph, side)] != want:
             problems.append(f"its graph {side}s differ from model.onnx's")
     meta = {p.key: p.value for p in fp16.metadata_props}
-    expected = {**{p.key: p.value for p in fp32.metadata_props
-                   if p.key != contract.N_BEST_BATCHES}, "weights": "fp16", "runs_on": "cuda"}
+    expected = {**{p.key: p.value for p in fp32.metadata_props}, "weights": "fp16",
+                "runs_on": "cuda"}
     if meta != expected:
         differing = sorted(set(meta.items()) ^ set(expected.items()))
         problems.append(f"its metadata is not model.onnx's + weights/runs_on: {differing[:3]}")
     float32 = onnx.TensorProto.FLOAT
-    for graph in list(_graphs(fp16.graph))[1:]:  # the outer graph's float inputs are the contract
-        tensors = [t.name for t in graph.initializer if t.data_type == float32]
-        values = [v.name for v in [*graph.input, *graph.output, *graph.value_info]
-                  if v.type.tensor_type.elem_type == float32]
-        casts = [n.name or n.output[0] for n in graph.node
-                 if n.op_type == "Cast" and any(a.name == "to" and a.i == float32
-                                                for a in n.attribute)]
-        for what, names in (("float32 initializers", tensors), ("float32 values", values),
-                            ("casts to float32", casts)):
-            if names:
-                problems.append(f"{len(names)} {what} in subgraph {graph.name} "
-                                f"({', '.join(names[:3])})")
-    tensors = [t.name for t in fp16.graph.initializer if t.data_type == float32]
+    tensors = [t.name for graph in _graphs(fp16.graph) for t in graph.initializer
+               if t.data_type == float32]
     if tensors:
-        problems.append(f"{len(tensors)} float32 initializers in the outer graph "
-                        f"({', '.join(tensors[:3])})")
+        problems.append(f"{len(tensors)} float32 initializers ({', '.join(tensors[:3])})")
+    casts, constants = _float32_casts_and_constants(fp16)
+    search_casts, search_constants = _float32_casts_and_constants(fp32)
+    logits_casts = {(graph.name, n.name or n.output[0]) for graph in _graphs(fp16.graph)
+                    for n in graph.node if n.op_type == "Cast" and n.output[0].endswith("logits")}
+    for what, names in (("casts to float32", casts - search_casts - logits_casts),
+                        ("float32 constants", constants - search_constants)):
+        if names:
+            shown = ", ".join(f"{name} in {graph}" for graph, name in sorted(names)[:3])
+            problems.append(f"{len(names)} {what} that model.onnx's search has not ({shown})")
+    loops = sum(n.op_type == "Loop" for n in fp16.graph.node)
+    if len(logits_casts) != loops:
+        problems.append(f"{len(logits_casts)} casts of the logits to float32 for {loops} "
+                        "searching Loops")
     return problems
 
 
 def check_fp16(path: Path, fp16: onnx.ModelProto, fp32: onnx.ModelProto, model,
                sources: list[list[int]], cfg: ExportParams) -> dict:
     """onnx.checker on the written file and the structure (`fp16_problems`); parity with
-    PyTorch as for model.onnx where CUDA runs, else skipped with one line (ONNX Runtime runs
-    this file on CUDA only)."""
+    PyTorch as for model.onnx where CUDA runs, else skipped with one line (the file is for
+    CUDA: on the CPU, ONNX Runtime runs its float16 nodes through casts of its own)."""
     import onnxruntime as ort
 
     check_graph(path)

@@ -57,8 +57,8 @@ def _constant(name: str, element_type: int, shape: tuple[int, ...]) -> bytes:
 def without_operator(model: bytes) -> bytes | None:
     """`model` (an ONNX file's bytes) without its main graph's BeamSearch node that writes
     OPERATOR_OUTPUTS, those two values made constants; None for a file whose batches that
-    node searches (no such node, or no Loop beside it: the fp16 file, files written before the
-    Loops)."""
+    node searches (no such node: the fp16 file; or no Loop beside it: files written before
+    the Loops)."""
     return joined(model, pieces_without_operator(model))
 
 

@@ -42,7 +42,8 @@ SEARCH_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_retu
                  "length_penalty", "repetition_penalty"]
 # An optional input of the files written since 2026-11-28 (int32 (1,); left out: 1): 0 lets a
 # batch's greedy search skip its scores (`sequences_scores` is then 0 there), the one search
-# with no other use for log-probabilities. Older files lack it; the fp16 file ignores it.
+# with no other use for log-probabilities. Older files lack it; the fp16 files written before
+# 2026-11-30 (the BeamSearch operator alone) ignore it.
 SCORE_SWITCH = "return_scores"
 # What a file of ours returns; files written before scores (GRAPH_FORMAT nmt-beamsearch-1
 # without `outputs` in their metadata) return `sequences` only.

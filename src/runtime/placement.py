@@ -12,8 +12,9 @@ The policy, per file (its metadata says which kind it is, read before any sessio
 * text files (*.text.onnx): the CPU under `auto`. Their SentencePiece and string operators have
   CPU kernels only, and the Loop that turns ids into strings has not been run on CUDA;
   `--provider cuda` forces the search onto the GPU (the string operators stay on the CPU);
-* model.fp16.onnx: CUDA only (ONNX Runtime's CPU BeamSearch is float32-only); refused
-  elsewhere with one line.
+* model.fp16.onnx: CUDA only; refused elsewhere with one line. The CPU has no float16
+  kernels for most of its nodes: ONNX Runtime would run them through casts of its own, slower
+  than model.onnx (its tests do, to check the file's search without a GPU).
 
 `describe` reports what ran, from ONNX Runtime's own record of node assignments
 (`session.record_ep_graph_assignment_info`, onnxruntime >= 1.24), instead of the first
@@ -97,9 +98,9 @@ def providers_for(choice: str, kind: FileKind, available: list[str]) -> list[str
     if kind.weights == "fp16":
         if choice == "cpu" or why_not:
             because = "--provider cpu" if choice == "cpu" else why_not
-            raise PipelineError(f"model.fp16.onnx runs on CUDA only ({because}; ONNX Runtime's "
-                                f"CPU search is float32-only): use model.onnx or "
-                                f"model.int8.onnx on the CPU")
+            raise PipelineError(f"model.fp16.onnx runs on CUDA only ({because}; on the CPU "
+                                f"float16 is slower than float32): use model.onnx or "
+                                f"model.int8.onnx there")
         return [CUDA, CPU]
     if choice == "cuda":
         if why_not:
