@@ -11,6 +11,9 @@ Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
 * parity: model.onnx and model.fp16.onnx on CUDA against PyTorch's search (greedy 100%, beam
   at least export.min_beam_parity), the text files on CUDA against PyTorch's decoded output;
 * bleu: each file on the test split, on CUDA;
+* batches: model.onnx, model.fp16.onnx and PyTorch's own search x batch 1, 32 and 256 x greedy
+  and beam 4 on the same test sentences (`--table-sentences`): sentences/s and the peak GPU
+  memory of the process (CUDA context included, from nvidia-smi), each cell in a fresh process;
 * speed: scripts/benchmark_engines.py --device cuda, fp32 and fp16 x greedy and beam 4 x batch
   1 and 32, ours against CTranslate2;
 * train: the same steps of the train stage with `train.precision: auto` (fp32 with TF32
@@ -204,6 +207,97 @@ def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict
     return rows
 
 
+TABLE_BATCHES = (1, 32, 256)
+TABLE_ENGINES = ("model.onnx", "model.fp16.onnx", "pytorch")
+
+
+def cell(models: Path, data: Path, device: str, cfg, engine: str, batch: int, beam: int,
+         n: int) -> dict:
+    """One cell of the batch table, in this process: the first `n` test sentences searched in
+    length-sorted batches of `batch`, after one warm-up batch; sentences/s."""
+    from datasets import load_from_disk
+
+    from src.graph import verify
+    from src.nmt import checkpoint
+    from src.nmt.search import translate_ids
+    from src.runtime import sessions
+
+    model, _ = checkpoint.load_model(models / "model.pt")
+    test = load_from_disk(str(data))["test"]
+    sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
+    cfg = cfg.model_copy(update={"batch_size": batch, "beam_size": beam})
+    if engine == "pytorch":
+        import torch
+
+        model.to(device)
+        search = (beam, cfg.length_penalty, cfg.max_length_ratio, batch)
+        translate_ids(model, sources[:batch], *search)  # warm-up: kernels, allocator
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        translate_ids(model, sources, *search)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    else:
+        session = sessions.open_session(models / engine, device)
+        verify.translate(session, sources[:batch], texts[:batch], model, cfg)  # warm-up
+        _, seconds = verify.translate(session, sources, texts, model, cfg)
+    return {"check": "batches", "engine": engine, "device": device, "batch_size": batch,
+            "beam": beam, "sentences": len(sources),
+            "sentences_per_s": round(len(sources) / seconds, 1)}
+
+
+def gpu_memory_mib(pid: int) -> int | None:
+    """The GPU memory nvidia-smi says process `pid` holds (MiB), None where it cannot say."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                 "--format=csv,noheader,nounits"], capture_output=True,
+                                text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in listed.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            return int(fields[1])
+    return None
+
+
+def table_rows(root: Path, device: str, n: int) -> list[dict]:
+    """The batch table: each cell in a fresh process (so every engine starts from an empty
+    allocator), its GPU memory polled while it runs; the fp16 file on CUDA only."""
+    rows = []
+    for engine in TABLE_ENGINES:
+        if engine != "pytorch" and not (root / "models" / engine).is_file() or \
+                engine == "model.fp16.onnx" and device == "cpu":
+            continue
+        for batch in TABLE_BATCHES:
+            for beam in (1, 4):
+                spec = f"{engine},{batch},{beam}"
+                proc = subprocess.Popen(
+                    [sys.executable, __file__, "--cell", spec, "--root", str(root),
+                     "--table-sentences", str(n)] + (["--rehearse-on-cpu"] if device == "cpu"
+                                                     else []),
+                    stdout=subprocess.PIPE, text=True)
+                peak = None
+                while True:
+                    try:
+                        out, _ = proc.communicate(timeout=0.2)
+                        break
+                    except subprocess.TimeoutExpired:
+                        used = gpu_memory_mib(proc.pid) if device == "cuda" else None
+                        if used is not None:
+                            peak = max(peak or 0, used)
+                if proc.returncode != 0:
+                    raise SystemExit(f"gpu_check: the batch-table cell {spec} failed "
+                                     f"(exit {proc.returncode})")
+                rows.append({**json.loads(out.strip().splitlines()[-1]),
+                             "peak_gpu_memory_mib": peak})
+                print(f"gpu_check: {spec}: {rows[-1]['sentences_per_s']} sentences/s, "
+                      f"peak {peak} MiB", file=sys.stderr)
+    return rows
+
+
 def speed_rows(models: Path, data: Path, work: Path) -> list[dict]:
     out = work / "engines.json"
     subprocess.run([sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--device",
@@ -252,6 +346,9 @@ def main() -> int:
                              "copy of this checkout, and check that one")
     parser.add_argument("--sentences", type=int, default=200, help="parity sentences")
     parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--table-sentences", type=int, default=512,
+                        help="test sentences of each batch-table cell (0: no batch table)")
+    parser.add_argument("--cell", help=argparse.SUPPRESS)  # one table cell: engine,batch,beam
     parser.add_argument("--output", type=Path, default=REPO / "docs/benchmarks/gpu_check.json")
     parser.add_argument("--rehearse-on-cpu", action="store_true",
                         help="run the steps on the CPU (no fp16, no engine benchmark): a test "
@@ -265,6 +362,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.onnx_only and args.pytorch_only:
         parser.error("--onnx-only and --pytorch-only leave nothing to check together: pick one")
+    if args.cell:  # a child of table_rows: one cell, one JSON line
+        from src.core.params import ExportParams, load_params
+
+        engine, batch, beam = args.cell.split(",")
+        print(json.dumps(cell(args.root / "models", args.root / "data/tokenized",
+                              "cpu" if args.rehearse_on_cpu else "cuda",
+                              load_params(ExportParams, path=args.root / "params.yaml"),
+                              engine, int(batch), int(beam), args.table_sentences)))
+        return 0
     if not args.rehearse_on_cpu:
         why = no_gpu_reason(args.pytorch_only)
         if why:
@@ -292,6 +398,8 @@ def main() -> int:
             rows = placement_rows(models, provider)
             rows += parity_rows(models, data, provider, cfg, args.sentences)
             rows += bleu_rows(models, data, provider, cfg)
+            if args.table_sentences:
+                rows += table_rows(root, provider, args.table_sentences)
         if not (args.rehearse_on_cpu or args.pytorch_only or args.onnx_only):
             rows += speed_rows(models, data, work)
         if not args.onnx_only:

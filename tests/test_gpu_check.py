@@ -44,11 +44,20 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     out = tmp_path / "rows.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--root", str(root),
-         "--sentences", "20", "--train-steps", "4", "--output", str(out)],
+         "--sentences", "20", "--train-steps", "4", "--table-sentences", "12",
+         "--output", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     rows = report["rows"]
+    # the batch table: every engine the CPU runs x batch 1, 32, 256 x greedy and beam 4, each
+    # cell a process of its own (no GPU memory to poll here)
+    table = [r for r in rows if r["check"] == "batches"]
+    assert [(r["engine"], r["batch_size"], r["beam"]) for r in table] == [
+        (engine, batch, beam) for engine in ("model.onnx", "pytorch")
+        for batch in (1, 32, 256) for beam in (1, 4)]
+    assert all(r["sentences"] == 12 and r["sentences_per_s"] > 0 and r["device"] == "cpu"
+               and r["peak_gpu_memory_mib"] is None for r in table)
     placed = {r["file"]: r["nodes"] for r in rows if r["check"] == "placement"}
     assert set(placed) == {"model.onnx", "model.int8.onnx", "model.text.onnx",
                            "model.int8.text.onnx"}  # fp16: CUDA only
@@ -72,11 +81,12 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     # --onnx-only: the same ONNX rows, and no train rows
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--onnx-only", "--root", str(root),
-         "--sentences", "20", "--output", str(out)],
+         "--sentences", "20", "--table-sentences", "0", "--output", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr
     onnx_rows = json.loads(out.read_text())["rows"]
-    assert [r["check"] for r in onnx_rows] == [r["check"] for r in rows if r["check"] != "train"]
+    assert [r["check"] for r in onnx_rows] == [r["check"] for r in rows
+                                               if r["check"] not in ("train", "batches")]
     assert {r["file"]: r["bleu"] for r in onnx_rows if r["check"] == "bleu"} == bleu
 
     # --pytorch-only, as on a machine whose Python has a CUDA torch and neither onnxruntime nor
