@@ -12,9 +12,9 @@ The policy, per file (its metadata says which kind it is, read before any sessio
 * text files (*.text.onnx): the CPU under `auto`. Their SentencePiece and string operators have
   CPU kernels only, and the Loop that turns ids into strings has not been run on CUDA;
   `--provider cuda` forces the search onto the GPU (the string operators stay on the CPU);
-* model.fp16.onnx: CUDA only; refused elsewhere with one line. The CPU has no float16
-  kernels for most of its nodes: ONNX Runtime would run them through casts of its own, slower
-  than model.onnx (its tests do, to check the file's search without a GPU).
+* model.fp16.onnx: CUDA only; refused elsewhere with one line. The CPU lacks float16 kernels
+  for many of its nodes, which ONNX Runtime runs through casts it inserts: slower than
+  model.onnx (docs/gpu.md; the tests run it so, to check its search without a GPU).
 
 `describe` reports what ran, from ONNX Runtime's own record of node assignments
 (`session.record_ep_graph_assignment_info`, onnxruntime >= 1.24), instead of the first
