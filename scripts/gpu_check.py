@@ -14,6 +14,10 @@ Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
 * batches: model.onnx, model.fp16.onnx and PyTorch's own search x batch 1, 32 and 256 x greedy
   and beam 4 on the same test sentences (`--table-sentences`): sentences/s and the peak GPU
   memory of the process (CUDA context included, from nvidia-smi), each cell in a fresh process;
+* serve: the MLflow model, registered in a scratch store and run by `mlflow models serve`:
+  scripts/load_test.py's latency and sentences/s for 1 and 32 sentences a request at 1 and 4
+  clients (`--serve-requests` each), on CUDA (`auto`) and on the CPU (`NMT_PROVIDER=cpu`), and
+  what the server's log says it ran on;
 * speed: scripts/benchmark_engines.py --device cuda, fp32 and fp16 x greedy and beam 4 x batch
   1 and 32, ours against CTranslate2;
 * train: the same steps of the train stage with `train.precision: auto` (fp32 with TF32
@@ -24,8 +28,8 @@ Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
 every ONNX row and checks PyTorch's own search on CUDA instead (rows `search`: greedy and beam,
 token-for-token against the same search on the CPU, BLEU and sentences/s on the test split),
 then the train rows. It needs models/model.pt, models/tokenizer and data/tokenized.
-`--onnx-only` is for a machine with onnxruntime-gpu but no CTranslate2 built for CUDA: the
-placement, parity and BLEU rows alone (no engine benchmark, no train rows).
+`--onnx-only` is for a machine with onnxruntime-gpu but no CTranslate2 built for CUDA: no
+engine benchmark, no train rows.
 
 Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
 (fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
@@ -38,10 +42,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -298,6 +304,83 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
     return rows
 
 
+@contextmanager
+def model_server(model_uri: str, workdir: Path, env: dict[str, str], start_timeout_s: float = 180):
+    """`mlflow models serve` of `model_uri` on loopback, one worker; yields (base URL, log
+    path). Killed with its workers on exit."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager",
+             "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **env}, cwd=workdir)
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/ping", timeout=2) as answer:
+                        if answer.status == 200:
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"gpu_check: the served model did not come up: "
+                                     f"{log_path.read_text()[-1500:]}")
+                time.sleep(0.5)
+            yield url, log_path
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]:
+    """The MLflow model as `mlflow models serve` runs it (docs/serving.md), registered in a
+    scratch store: load_test.py's rows on CUDA and on the CPU (`NMT_PROVIDER`), or on the CPU
+    alone in a rehearsal."""
+    import mlflow
+    from datasets import load_from_disk
+
+    from src.runtime import serving
+
+    models, store = root / "models", work / "serve"
+    store.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    experiment = mlflow.create_experiment("gpu-check", artifact_location=str(store / "runs"))
+    with mlflow.start_run(experiment_id=experiment):
+        serving.log_model(models / "model.onnx", models / "model.int8.onnx",
+                          models / "tokenizer", "nmt-gpu-check", models / "model.fp16.onnx")
+    sentences = store / "test.src"
+    test = load_from_disk(str(root / "data/tokenized"))["test"]
+    sentences.write_text("\n".join(test["source"]) + "\n", encoding="utf-8")
+    rows = []
+    for provider in ("cuda", "cpu") if device == "cuda" else ("cpu",):
+        with model_server("models:/nmt-gpu-check@candidate", store / provider,
+                          {"MLFLOW_TRACKING_URI": uri, "NMT_PROVIDER": provider}) as (url, log):
+            out = store / f"load-{provider}.json"
+            subprocess.run([sys.executable, str(REPO / "scripts/load_test.py"), "--url", url,
+                            "--sentences", str(sentences), "--batches", "1,32", "--clients",
+                            "1,4", "--requests", str(requests), "--warmup", "4", "--json",
+                            str(out)], check=True, cwd=REPO)
+            ran_on = next((line.split("nmt: ", 1)[1].strip() for line in
+                           log.read_text(errors="replace").splitlines() if "nmt: " in line),
+                          None)
+        rows += [{"check": "serve", "provider": provider, "ran_on": ran_on, **row}
+                 for row in json.loads(out.read_text())["rows"]]
+    return rows
+
+
 def speed_rows(models: Path, data: Path, work: Path) -> list[dict]:
     out = work / "engines.json"
     subprocess.run([sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--device",
@@ -348,6 +431,9 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=300)
     parser.add_argument("--table-sentences", type=int, default=512,
                         help="test sentences of each batch-table cell (0: no batch table)")
+    parser.add_argument("--serve-requests", type=int, default=40,
+                        help="requests of each served-model row (0: the served model is not "
+                             "checked)")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # one table cell: engine,batch,beam
     parser.add_argument("--output", type=Path, default=REPO / "docs/benchmarks/gpu_check.json")
     parser.add_argument("--rehearse-on-cpu", action="store_true",
@@ -357,8 +443,8 @@ def main() -> int:
                         help="no ONNX rows (a machine without onnxruntime-gpu): PyTorch's search "
                              "on CUDA against the CPU, then the train rows")
     parser.add_argument("--onnx-only", action="store_true",
-                        help="the placement, parity and BLEU rows alone: no engine benchmark "
-                             "(it needs CTranslate2 built for CUDA) and no train rows")
+                        help="no engine benchmark (it needs CTranslate2 built for CUDA) and "
+                             "no train rows")
     args = parser.parse_args()
     if args.onnx_only and args.pytorch_only:
         parser.error("--onnx-only and --pytorch-only leave nothing to check together: pick one")
@@ -400,6 +486,8 @@ def main() -> int:
             rows += bleu_rows(models, data, provider, cfg)
             if args.table_sentences:
                 rows += table_rows(root, provider, args.table_sentences)
+            if args.serve_requests:
+                rows += serve_rows(root, provider, work, args.serve_requests)
         if not (args.rehearse_on_cpu or args.pytorch_only or args.onnx_only):
             rows += speed_rows(models, data, work)
         if not args.onnx_only:

@@ -45,7 +45,7 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--root", str(root),
          "--sentences", "20", "--train-steps", "4", "--table-sentences", "12",
-         "--output", str(out)],
+         "--serve-requests", "4", "--output", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
@@ -58,6 +58,14 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
         for batch in (1, 32, 256) for beam in (1, 4)]
     assert all(r["sentences"] == 12 and r["sentences_per_s"] > 0 and r["device"] == "cpu"
                and r["peak_gpu_memory_mib"] is None for r in table)
+    # the registered MLflow model under `mlflow models serve`, load-tested where NMT_PROVIDER
+    # put it (the CPU here), its server's log naming the provider that ran it
+    served = [r for r in rows if r["check"] == "serve"]
+    assert [(r["provider"], r["via"], r["batch"], r["clients"]) for r in served] == [
+        ("cpu", "http", batch, clients) for batch in (1, 32) for clients in (1, 4)]
+    assert all(r["errors"] == 0 and r["requests"] == 4 for r in served)
+    assert all(r["ran_on"].startswith("CPUExecutionProvider") and "NMT_PROVIDER=cpu"
+               in r["ran_on"] for r in served)
     placed = {r["file"]: r["nodes"] for r in rows if r["check"] == "placement"}
     assert set(placed) == {"model.onnx", "model.int8.onnx", "model.text.onnx",
                            "model.int8.text.onnx"}  # fp16: CUDA only
@@ -81,12 +89,13 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     # --onnx-only: the same ONNX rows, and no train rows
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--onnx-only", "--root", str(root),
-         "--sentences", "20", "--table-sentences", "0", "--output", str(out)],
+         "--sentences", "20", "--table-sentences", "0", "--serve-requests", "0",
+         "--output", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr
     onnx_rows = json.loads(out.read_text())["rows"]
     assert [r["check"] for r in onnx_rows] == [r["check"] for r in rows
-                                               if r["check"] not in ("train", "batches")]
+                                               if r["check"] not in ("train", "batches", "serve")]
     assert {r["file"]: r["bleu"] for r in onnx_rows if r["check"] == "bleu"} == bleu
 
     # --pytorch-only, as on a machine whose Python has a CUDA torch and neither onnxruntime nor

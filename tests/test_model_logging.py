@@ -137,6 +137,7 @@ def test_loading_opens_the_logged_model_and_tokenizer_and_logs_where_it_runs(mon
 
     monkeypatch.setattr(serving, "load_translator", load_translator)
     monkeypatch.delenv("NMT_THREADS", raising=False)
+    monkeypatch.delenv("NMT_PROVIDER", raising=False)
     context = SimpleNamespace(artifacts={"model": "/m/model.onnx", "tokenizer": "/m/tokenizer",
                                          "model_int8": "/m/model.int8.onnx"})
     model = serving.TranslationModel()
@@ -146,8 +147,9 @@ def test_loading_opens_the_logged_model_and_tokenizer_and_logs_where_it_runs(mon
     assert model.translator.ran_on == "CPUExecutionProvider 152 nodes"
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
         ("nmt.serving", "WARNING", "a warning from the runtime"),
-        ("nmt.serving", "INFO", "nmt: CPUExecutionProvider 152 nodes; 1 ONNX Runtime thread(s): "
-                                "the serving default (NMT_THREADS unset)")]
+        ("nmt.serving", "INFO", "nmt: CPUExecutionProvider 152 nodes (NMT_PROVIDER unset); 1 "
+                                "ONNX Runtime thread(s): the serving default (NMT_THREADS "
+                                "unset)")]
 
 
 @pytest.mark.parametrize("installed, expected", [

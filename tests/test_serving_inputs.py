@@ -149,6 +149,39 @@ def test_the_served_model_opens_its_session_with_the_threads_asked_for(monkeypat
     assert opened == [(Path("m.onnx"), Path("tok"), threads)]
 
 
+@pytest.mark.parametrize("environ, provider", [
+    ({}, "auto"), ({"NMT_PROVIDER": ""}, "auto"), ({"NMT_PROVIDER": "cpu"}, "cpu"),
+    ({"NMT_PROVIDER": " cuda "}, "cuda")])
+def test_the_served_model_runs_where_nmt_provider_says(monkeypatch, environ, provider):
+    """A GPU machine can serve from its CPU (NMT_PROVIDER=cpu), or insist on CUDA."""
+    from types import SimpleNamespace
+
+    from src.runtime import serving
+
+    asked = []
+
+    def load_translator(model, tokenizer, provider, threads, warn):
+        asked.append(provider)
+        return SimpleNamespace(ran_on="CPUExecutionProvider")
+
+    monkeypatch.setattr(serving, "load_translator", load_translator)
+    monkeypatch.delenv("NMT_PROVIDER", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    serving.TranslationModel().load_context(
+        SimpleNamespace(artifacts={"model": "m.onnx", "tokenizer": "tok"}))
+    assert asked == [provider]
+
+
+def test_an_unknown_provider_for_the_served_model_is_refused():
+    from src.core.errors import PipelineError
+    from src.runtime.serving import serving_provider
+
+    with pytest.raises(PipelineError, match="NMT_PROVIDER='gpu': expected one of auto, cuda, "
+                                            "cpu$"):
+        serving_provider({"NMT_PROVIDER": "gpu"})
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
 def test_a_thread_count_that_is_not_a_whole_number_above_zero_is_refused(value):
     from src.core.errors import PipelineError

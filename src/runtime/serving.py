@@ -33,6 +33,7 @@ import mlflow.pyfunc
 
 from src.core.errors import PipelineError
 from src.core.paths import text_twin
+from src.runtime import placement
 from src.runtime.contract import MAX_BEAM
 from src.runtime.generation import load_translator
 
@@ -149,6 +150,21 @@ def serving_threads(environ: dict[str, str]) -> tuple[int, str]:
     return int(text), f"{THREADS_VARIABLE}={text}"
 
 
+PROVIDER_VARIABLE = "NMT_PROVIDER"  # auto (unset), cuda or cpu: where the served model runs
+
+
+def serving_provider(environ: dict[str, str]) -> tuple[str, str]:
+    """The provider choice of the served model (src/runtime/placement.py), and why:
+    NMT_PROVIDER when set (cpu: a GPU machine that serves from its CPU), else auto."""
+    text = environ.get(PROVIDER_VARIABLE, "").strip()
+    if not text:
+        return "auto", f"{PROVIDER_VARIABLE} unset"
+    if text not in placement.CHOICES:
+        raise PipelineError(f"{PROVIDER_VARIABLE}={text!r}: expected one of "
+                            f"{', '.join(placement.CHOICES)}")
+    return text, f"{PROVIDER_VARIABLE}={text}"
+
+
 class TranslationModel(mlflow.pyfunc.PythonModel):
     """Sentences in, translations out (one per input, in order)."""
 
@@ -156,11 +172,20 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         import logging
 
         log = logging.getLogger("nmt.serving")
+        if not log.handlers and not logging.getLogger().handlers:
+            # MLflow's scoring server leaves logging unconfigured, which shows warnings alone:
+            # the line below, where the model runs, belongs in the server's log too
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
         threads, why = serving_threads(dict(os.environ))
+        provider, why_provider = serving_provider(dict(os.environ))
         self.translator = load_translator(
             Path(context.artifacts["model"]), Path(context.artifacts["tokenizer"]),
-            provider="auto", threads=threads, warn=log.warning)
-        log.info("nmt: %s; %d ONNX Runtime thread(s): %s", self.translator.ran_on, threads, why)
+            provider=provider, threads=threads, warn=log.warning)
+        log.info("nmt: %s (%s); %d ONNX Runtime thread(s): %s", self.translator.ran_on,
+                 why_provider, threads, why)
 
     # The type hints are the signature: MLflow checks requests against them strictly (a number
     # or a null is a 400, not the string "42"), where a column schema would convert them.
