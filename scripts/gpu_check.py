@@ -142,9 +142,15 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
         translator = generation.load_translator(models / name, None, provider)
         got = translator.translate(texts, batch_size=cfg.batch_size)
         same = sum(a == b for a, b in zip(got, expected)) / max(len(texts), 1)
-        rows.append({"check": "parity", "file": name, "provider": provider,
-                     "parity_sentences": len(texts), "beam_parity": round(same, 4),
-                     "passed": same >= cfg.min_beam_parity})
+        row = {"check": "parity", "file": name, "provider": provider,
+               "parity_sentences": len(texts), "beam_parity": round(same, 4),
+               "passed": same >= cfg.min_beam_parity}
+        if provider != "cpu":  # the same strings as the file gives on the CPU?
+            on_cpu = generation.load_translator(models / name, None, "cpu").translate(
+                texts, batch_size=cfg.batch_size)
+            row["same_as_cpu"] = round(sum(a == b for a, b in zip(got, on_cpu))
+                                       / max(len(texts), 1), 4)
+        rows.append(row)
     return rows
 
 
