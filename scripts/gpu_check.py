@@ -260,19 +260,23 @@ def cell(models: Path, data: Path, device: str, cfg, engine: str, batch: int, be
             "sentences_per_s": round(len(sources) / seconds, 1)}
 
 
-def gpu_memory_mib(pid: int) -> int | None:
-    """The GPU memory nvidia-smi says process `pid` holds (MiB), None where it cannot say."""
-    try:
-        listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                                 "--format=csv,noheader,nounits"], capture_output=True,
-                                text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in listed.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
-            return int(fields[1])
-    return None
+def gpu_memory_mib(pid: int) -> tuple[int | None, int | None]:
+    """(the GPU memory nvidia-smi says process `pid` holds, the memory in use on the first GPU),
+    MiB; None for what it cannot say (in a container it may list host pids)."""
+    def query(what: str) -> list[list[str]]:
+        try:
+            out = subprocess.run(["nvidia-smi", f"--query-{what}",
+                                  "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return [[f.strip() for f in line.split(",")] for line in out.splitlines()]
+
+    held = next((int(used) for p, used in (r for r in query("compute-apps=pid,used_memory")
+                                           if len(r) == 2)
+                 if p == str(pid) and used.isdigit()), None)
+    total = next((int(r[0]) for r in query("gpu=memory.used") if r and r[0].isdigit()), None)
+    return held, total
 
 
 def table_rows(root: Path, device: str, n: int) -> list[dict]:
@@ -291,20 +295,30 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
                      "--table-sentences", str(n)] + (["--rehearse-on-cpu"] if device == "cpu"
                                                      else []),
                     stdout=subprocess.PIPE, text=True)
-                peak = None
+                # the process's own memory where nvidia-smi lists it, else the GPU's above what
+                # it held before the cell started
+                baseline = gpu_memory_mib(0)[1] if device == "cuda" else None
+                peak = peak_total = None
                 while True:
                     try:
                         out, _ = proc.communicate(timeout=0.2)
                         break
                     except subprocess.TimeoutExpired:
-                        used = gpu_memory_mib(proc.pid) if device == "cuda" else None
-                        if used is not None:
-                            peak = max(peak or 0, used)
+                        if device != "cuda":
+                            continue
+                        held, total = gpu_memory_mib(proc.pid)
+                        if held is not None:
+                            peak = max(peak or 0, held)
+                        if total is not None and baseline is not None:
+                            peak_total = max(peak_total or 0, total - baseline)
                 if proc.returncode != 0:
                     raise SystemExit(f"gpu_check: the batch-table cell {spec} failed "
                                      f"(exit {proc.returncode})")
                 rows.append({**json.loads(out.strip().splitlines()[-1]),
-                             "peak_gpu_memory_mib": peak})
+                             "peak_gpu_memory_mib": peak if peak is not None else peak_total,
+                             "memory_of": "process" if peak is not None else
+                             "GPU above its use before the cell" if peak_total is not None
+                             else None})
                 print(f"gpu_check: {spec}: {rows[-1]['sentences_per_s']} sentences/s, "
                       f"peak {peak} MiB", file=sys.stderr)
     return rows

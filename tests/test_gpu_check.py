@@ -57,7 +57,7 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
         (engine, batch, beam) for engine in ("model.onnx", "pytorch")
         for batch in (1, 32, 256) for beam in (1, 4)]
     assert all(r["sentences"] == 12 and r["sentences_per_s"] > 0 and r["device"] == "cpu"
-               and r["peak_gpu_memory_mib"] is None for r in table)
+               and r["peak_gpu_memory_mib"] is None and r["memory_of"] is None for r in table)
     # the registered MLflow model under `mlflow models serve`, load-tested where NMT_PROVIDER
     # put it (the CPU here), its server's log naming the provider that ran it
     served = [r for r in rows if r["check"] == "serve"]
@@ -115,3 +115,21 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     assert greedy["cpu_parity"] == beam["cpu_parity"] == 1.0 and beam["passed"]
     assert beam["bleu"] == stats["fp32_bleu"] and beam["sentences"] == greedy["sentences"] > 20
     assert "onnxruntime" not in report["machine"]
+
+
+def test_gpu_memory_is_read_from_nvidia_smi_for_the_process_and_the_gpu(tmp_path, monkeypatch):
+    """The batch table's memory: the cell's process where nvidia-smi lists its pid, and the
+    GPU's total for the fallback (a container may list host pids); nothing without the tool."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import gpu_check
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in\n"
+                    "  --query-compute-apps=*) printf '1234, 500\\n99, 20\\n' ;;\n"
+                    "  --query-gpu=*) printf '5000\\n' ;;\nesac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert gpu_check.gpu_memory_mib(1234) == (500, 5000)
+    assert gpu_check.gpu_memory_mib(7) == (None, 5000)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert gpu_check.gpu_memory_mib(1234) == (None, None)
