@@ -791,15 +791,6 @@ def subgraphs(model: onnx.ModelProto) -> dict[str, onnx.GraphProto]:
     return {a.name: a.g for a in search.attribute if a.type == onnx.AttributeProto.GRAPH}
 
 
-def _all_graphs(graph: onnx.GraphProto):
-    """A graph and every subgraph under its nodes, depth first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _all_graphs(attribute.g)
-
-
 def loop_bodies(model: onnx.ModelProto) -> list[onnx.GraphProto]:
     """The body of each Loop in the outer graph (the greedy and the beam search)."""
     return [a.g for node in model.graph.node if node.op_type == "Loop" for a in node.attribute]
@@ -827,7 +818,9 @@ def test_the_fp16_file_is_model_onnxs_search_over_float16_layers(project):
         cast = next(n for n in body.node if n.op_type == "Cast" and n.output[0].endswith("logits"))
         assert cast.attribute[0].i == FLOAT
     # heads are static: every fused attention names the model's, as model.onnx's do
-    heads = [a.i for graph in _all_graphs(fp16.graph) for n in graph.node
+    from src.graph.verify import all_graphs
+
+    heads = [a.i for graph in all_graphs(fp16.graph) for n in graph.node
              if n.op_type == "MultiHeadAttention" for a in n.attribute if a.name == "num_heads"]
     assert heads and set(heads) == {checkpoint.load_model(project / "models/model.pt")[0].n_heads}
     meta = {p.key: p.value for p in fp16.metadata_props}

@@ -207,13 +207,13 @@ def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
                             f"tokenizer: " + "; ".join(mismatches[:SHOWN_MISMATCHES]))
 
 
-def _graphs(graph: onnx.GraphProto):
+def all_graphs(graph: onnx.GraphProto):
     """A graph and every subgraph under its nodes' attributes, depth first."""
     yield graph
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
+                yield from all_graphs(attribute.g)
 
 
 def _float32_casts_and_constants(model: onnx.ModelProto) -> tuple[set, set]:
@@ -222,7 +222,7 @@ def _float32_casts_and_constants(model: onnx.ModelProto) -> tuple[set, set]:
     scores where a file has no such node)."""
     float32 = onnx.TensorProto.FLOAT
     casts, constants = set(), set()
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for n in graph.node:
             key = (graph.name, n.name or n.output[0])
             if n.op_type == "Cast" and any(a.name == "to" and a.i == float32
@@ -253,13 +253,13 @@ def fp16_problems(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> list[str]:
         differing = sorted(set(meta.items()) ^ set(expected.items()))
         problems.append(f"its metadata is not model.onnx's + weights/runs_on: {differing[:3]}")
     float32 = onnx.TensorProto.FLOAT
-    tensors = [t.name for graph in _graphs(fp16.graph) for t in graph.initializer
+    tensors = [t.name for graph in all_graphs(fp16.graph) for t in graph.initializer
                if t.data_type == float32]
     if tensors:
         problems.append(f"{len(tensors)} float32 initializers ({', '.join(tensors[:3])})")
     casts, constants = _float32_casts_and_constants(fp16)
     search_casts, search_constants = _float32_casts_and_constants(fp32)
-    logits_casts = {(graph.name, n.name or n.output[0]) for graph in _graphs(fp16.graph)
+    logits_casts = {(graph.name, n.name or n.output[0]) for graph in all_graphs(fp16.graph)
                     for n in graph.node if n.op_type == "Cast" and n.output[0].endswith("logits")}
     for what, names in (("casts to float32", casts - search_casts - logits_casts),
                         ("float32 constants", constants - search_constants)):
