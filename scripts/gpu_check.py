@@ -290,14 +290,14 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
         for batch in TABLE_BATCHES:
             for beam in (1, 4):
                 spec = f"{engine},{batch},{beam}"
+                # the process's own memory where nvidia-smi lists it, else the GPU's above what
+                # it held before the cell started
+                baseline = gpu_memory_mib(0)[1] if device == "cuda" else None
                 proc = subprocess.Popen(
                     [sys.executable, __file__, "--cell", spec, "--root", str(root),
                      "--table-sentences", str(n)] + (["--rehearse-on-cpu"] if device == "cpu"
                                                      else []),
                     stdout=subprocess.PIPE, text=True)
-                # the process's own memory where nvidia-smi lists it, else the GPU's above what
-                # it held before the cell started
-                baseline = gpu_memory_mib(0)[1] if device == "cuda" else None
                 peak = peak_total = None
                 while True:
                     try:
@@ -320,7 +320,7 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
                              "GPU above its use before the cell" if peak_total is not None
                              else None})
                 print(f"gpu_check: {spec}: {rows[-1]['sentences_per_s']} sentences/s, "
-                      f"peak {peak} MiB", file=sys.stderr)
+                      f"peak {rows[-1]['peak_gpu_memory_mib']} MiB", file=sys.stderr)
     return rows
 
 
