@@ -394,21 +394,24 @@ def both_searches(beam_search: onnx.NodeProto | None, encoder: onnx.GraphProto,
     `beam_search` None: the Loops search every batch, one sentence too (the fp16 file: the
     operator wants the logits in the past states' float16, the Loops read float32 logits)."""
     node = helper.make_node
-    if beam_search is None:
+    if beam_search is None:  # what a skipped greedy Loop passes on
         nodes = [node("Constant", [], [name], value=helper.make_tensor(
             name, dtype, list(shape), [0] * math.prod(shape)))
-            for name, dtype, shape in STAND_INS]  # what a skipped greedy Loop passes on
-        nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
-                  node("Squeeze", ["one_beam_1"], ["skip_beam_loop"]),
-                  node("Not", ["skip_beam_loop"], ["skip_greedy_loop"])]
+            for name, dtype, shape in STAND_INS]
     else:
         nodes = _operator_nodes(beam_search)
-        # A batch: the greedy Loop for one beam, the beam Loop for more.
-        nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
-                  node("Squeeze", ["one_beam_1"], ["one_beam"]),
-                  node("Or", ["by_operator", "one_beam"], ["skip_beam_loop"]),
+    # A batch: the greedy Loop for one beam, the beam Loop for more (and neither for the one
+    # sentence the operator searches).
+    nodes += [node("Equal", ["num_beams", "one_32"], ["one_beam_1"]),
+              node("Squeeze", ["one_beam_1"], ["one_beam"])]
+    if beam_search is None:
+        nodes.append(node("Not", ["one_beam"], ["many_beams"]))
+        skip_greedy, skip_beam = "many_beams", "one_beam"
+    else:
+        nodes += [node("Or", ["by_operator", "one_beam"], ["skip_beam_loop"]),
                   node("Not", ["one_beam"], ["many_beams"]),
                   node("Or", ["by_operator", "many_beams"], ["skip_greedy_loop"])]
+        skip_greedy, skip_beam = "skip_greedy_loop", "skip_beam_loop"
     loop_inputs = {"input_ids": "input_ids", "max_length": "max_length",
                    "min_length": "min_length", "num_beams": "num_beams",
                    "num_return_sequences": "checked_returns",
@@ -419,11 +422,11 @@ def both_searches(beam_search: onnx.NodeProto | None, encoder: onnx.GraphProto,
     n_layers = len(cross_names_of(decoder)) // 2
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
                                       ("greedy_sequences", "greedy_scores"),
-                                      skip="skip_greedy_loop",
+                                      skip=skip_greedy,
                                       skipped=OPERATOR_OUTPUTS,
                                       greedy=True)
     nodes += search_loop.search_nodes(encoder, decoder, n_layers, weights, loop_inputs,
-                                      SEARCH_OUTPUTS, skip="skip_beam_loop",
+                                      SEARCH_OUTPUTS, skip=skip_beam,
                                       skipped=("greedy_sequences", "greedy_scores"))
     return nodes
 
@@ -454,9 +457,11 @@ def _operator_nodes(beam_search: onnx.NodeProto) -> list[onnx.NodeProto]:
     return nodes
 
 
-PICK_CONSTANTS = [helper.make_tensor("one_64", TensorProto.INT64, [1], [1]),
-                  helper.make_tensor("one_32", TensorProto.INT32, [1], [1]),
-                  helper.make_tensor("two_32", TensorProto.INT32, [1], [2]),
+PAD_ID = helper.make_tensor("pad_id", TensorProto.INT32, [], [PAD])  # the operator's mask
+LOOP_CONSTANTS = [helper.make_tensor("one_64", TensorProto.INT64, [1], [1]),
+                  helper.make_tensor("one_32", TensorProto.INT32, [1], [1])]
+# what `_operator_nodes` gives the operator when the batch is not one sentence
+PICK_CONSTANTS = [helper.make_tensor("two_32", TensorProto.INT32, [1], [2]),
                   helper.make_tensor("zero_32", TensorProto.INT32, [1], [0]),
                   helper.make_tensor("dummy_ids", TensorProto.INT32, [1, 1], [EOS])]
 
@@ -511,12 +516,9 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
         "sequences", TensorProto.INT32, ["batch_size", "num_return_sequences", "max_length"]),
         helper.make_tensor_value_info("sequences_scores", TensorProto.FLOAT,
                                       ["batch_size", "num_return_sequences"])]
-    # read by the operator's source mask (the Loops make theirs)
-    pad_id = [helper.make_tensor("pad_id", TensorProto.INT32, [], [PAD])] \
-        if search != "loops" else []
-    constants = {"loop": PICK_CONSTANTS, "loops": PICK_CONSTANTS[:2]}.get(search, [])
-    graph = helper.make_graph(nodes, "nmt generation", inputs, outputs,
-                              [*pad_id, *constants, *shared])
+    constants = ([PAD_ID] if search != "loops" else []) + (LOOP_CONSTANTS if loops else []) \
+        + (PICK_CONSTANTS if search == "loop" else [])
+    graph = helper.make_graph(nodes, "nmt generation", inputs, outputs, [*constants, *shared])
     opsets = [o for o in decoder.opset_import if o.domain != MS_DOMAIN]
     opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="nmt-pipeline",
