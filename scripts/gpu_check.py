@@ -180,10 +180,27 @@ def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
     return rows
 
 
+def timed_search(model, sources: list[list[int]], search: tuple, device: str
+                 ) -> tuple[list, float]:
+    """PyTorch's search (`translate_ids(model, sources, *search)`) after one warm-up batch
+    (kernels, allocator), timed to the last kernel: (hypotheses, seconds)."""
+    import torch
+
+    from src.nmt.search import translate_ids
+
+    translate_ids(model, sources[: search[-1]], *search)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    hyps = translate_ids(model, sources, *search)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return hyps, time.perf_counter() - start
+
+
 def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict]:
     """PyTorch's search on `device` against the same search on the CPU (the first `n` test
     sentences, token for token), then BLEU and sentences/s on the whole test split."""
-    import torch
     from datasets import load_from_disk
 
     from src.core.scoring import bleu
@@ -201,14 +218,7 @@ def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict
         on_cpu = translate_ids(model.to("cpu"), sources[:n], *search)
         model.to(device)
         same = sum(a == b for a, b in zip(translate_ids(model, sources[:n], *search), on_cpu))
-        translate_ids(model, sources[: cfg.batch_size], *search)  # warm-up: kernels, allocator
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        hyps = translate_ids(model, sources, *search)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        hyps, seconds = timed_search(model, sources, search, device)
         parity = round(same / max(n, 1), 4)
         rows.append({"check": "search", "device": device, "beam": beam,
                      "batch_size": cfg.batch_size, "cpu_parity": parity,
@@ -231,7 +241,6 @@ def cell(models: Path, data: Path, device: str, cfg, engine: str, batch: int, be
 
     from src.graph import verify
     from src.nmt import checkpoint
-    from src.nmt.search import translate_ids
     from src.runtime import sessions
 
     model, _ = checkpoint.load_model(models / "model.pt")
@@ -239,18 +248,9 @@ def cell(models: Path, data: Path, device: str, cfg, engine: str, batch: int, be
     sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
     cfg = cfg.model_copy(update={"batch_size": batch, "beam_size": beam})
     if engine == "pytorch":
-        import torch
-
         model.to(device)
-        search = (beam, cfg.length_penalty, cfg.max_length_ratio, batch)
-        translate_ids(model, sources[:batch], *search)  # warm-up: kernels, allocator
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        translate_ids(model, sources, *search)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        _, seconds = timed_search(model, sources,
+                                  (beam, cfg.length_penalty, cfg.max_length_ratio, batch), device)
     else:
         session = sessions.open_session(models / engine, device)
         verify.translate(session, sources[:batch], texts[:batch], model, cfg)  # warm-up
