@@ -42,12 +42,10 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -55,7 +53,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from src.core import paths  # noqa: E402
+from src.core import local_servers, paths  # noqa: E402
 from src.runtime import placement  # noqa: E402
 
 FILES = ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.text.onnx",
@@ -324,45 +322,6 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
     return rows
 
 
-@contextmanager
-def model_server(model_uri: str, workdir: Path, env: dict[str, str], start_timeout_s: float = 180):
-    """`mlflow models serve` of `model_uri` on loopback, one worker; yields (base URL, log
-    path). Killed with its workers on exit."""
-    import socket
-    import urllib.request
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "serve.log"
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager",
-             "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **env}, cwd=workdir)
-        try:
-            deadline = time.monotonic() + start_timeout_s
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{url}/ping", timeout=2) as answer:
-                        if answer.status == 200:
-                            break
-                except OSError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"gpu_check: the served model did not come up: "
-                                     f"{log_path.read_text()[-1500:]}")
-                time.sleep(0.5)
-            yield url, log_path
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
 def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]:
     """The MLflow model as `mlflow models serve` runs it (docs/serving.md), registered in a
     scratch store: load_test.py's rows on CUDA and on the CPU (`NMT_PROVIDER`), or on the CPU
@@ -386,16 +345,22 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
     sentences.write_text("\n".join(test["source"]) + "\n", encoding="utf-8")
     rows = []
     for provider in ("cuda", "cpu") if device == "cuda" else ("cpu",):
-        with model_server("models:/nmt-gpu-check@candidate", store / provider,
-                          {"MLFLOW_TRACKING_URI": uri, "NMT_PROVIDER": provider}) as (url, log):
-            out = store / f"load-{provider}.json"
-            subprocess.run([sys.executable, str(REPO / "scripts/load_test.py"), "--url", url,
-                            "--sentences", str(sentences), "--batches", "1,32", "--clients",
-                            "1,4", "--requests", str(requests), "--warmup", "4", "--json",
-                            str(out)], check=True, cwd=REPO)
-            ran_on = next((line.split("nmt: ", 1)[1].strip() for line in
-                           log.read_text(errors="replace").splitlines() if "nmt: " in line),
-                          None)
+        try:
+            with local_servers.model_server(
+                    "models:/nmt-gpu-check@candidate", store / provider,
+                    {"MLFLOW_TRACKING_URI": uri, "NMT_PROVIDER": provider},
+                    start_timeout_s=180) as (url, log):
+                out = store / f"load-{provider}.json"
+                subprocess.run([sys.executable, str(REPO / "scripts/load_test.py"), "--url", url,
+                                "--sentences", str(sentences), "--batches", "1,32", "--clients",
+                                "1,4", "--requests", str(requests), "--warmup", "4", "--json",
+                                str(out)], check=True, cwd=REPO)
+                ran_on = next((line.split("nmt: ", 1)[1].strip() for line in
+                               log.read_text(errors="replace").splitlines() if "nmt: " in line),
+                              None)
+        except local_servers.ServerDidNotStart as exc:
+            raise SystemExit(f"gpu_check: the served model ({provider}) did not come up: "
+                             f"{exc}") from None
         rows += [{"check": "serve", "provider": provider, "ran_on": ran_on, **row}
                  for row in json.loads(out.read_text())["rows"]]
     return rows

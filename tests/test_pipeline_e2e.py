@@ -474,7 +474,8 @@ def test_dvc_remote_push_then_pull_restores_the_model(workspace, tmp_path):
 
 def test_repro_logs_every_stage_to_a_tracking_server(workspace, tmp_path):
     import mlflow
-    from tracking_server import mlflow_server
+
+    from src.core.local_servers import mlflow_server
 
     shutil.rmtree(workspace / "models/checkpoints")  # else train resumes its finished run
     with mlflow_server(tmp_path / "server") as (uri, _):

@@ -131,10 +131,10 @@ def post(url: str, body: bytes) -> tuple[int, str]:
 
 def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
         project, tracking, cli_translations, tmp_path):
-    from tracking_server import model_server
+    from src.core.local_servers import model_server
 
     with model_server("models:/nmt-en-zh@candidate", tmp_path,
-                      {"MLFLOW_TRACKING_URI": tracking}) as url:
+                      {"MLFLOW_TRACKING_URI": tracking}) as (url, _log):
         status, body = post(url, json.dumps({"inputs": SENTENCES}).encode())
         assert status == 200, body
         assert json.loads(body)["predictions"] == cli_translations
@@ -234,12 +234,12 @@ def test_the_registered_model_runs_in_an_environment_of_its_own_requirements(
 @pytest.mark.skipif(uv() is None, reason="uv is not installed")
 def test_mlflow_serves_the_model_in_an_environment_it_builds_with_uv(
         tracking, cli_translations, tmp_path):
-    from tracking_server import model_server
+    from src.core.local_servers import model_server
 
     env = {**bare_environ(), "MLFLOW_TRACKING_URI": tracking,
            "PATH": os.pathsep.join([str(Path(uv()).parent), bare_environ()["PATH"]])}
     with model_server("models:/nmt-en-zh@candidate", tmp_path, env, start_timeout_s=1200,
-                      env_manager="uv") as url:
+                      env_manager="uv") as (url, _log):
         status, body = post(url, json.dumps({"inputs": SENTENCES}).encode())
     assert status == 200, body
     assert json.loads(body)["predictions"] == cli_translations

@@ -7,10 +7,10 @@ import json
 import time
 
 import pytest
-from tracking_server import mlflow_server
 
 from src.core import tracking
 from src.core.atomic import write_json
+from src.core.local_servers import mlflow_server
 
 pytestmark = pytest.mark.slow
 

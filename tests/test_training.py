@@ -386,9 +386,9 @@ def test_an_unreachable_tracking_store_runs_the_stage_untracked(monkeypatch, cap
     """A real tracking URI where nothing listens: the stage body runs, on the do-nothing run
     (exactly NullRun, not an MlflowRun), with one warning."""
     import mlflow
-    from tracking_server import free_port
 
     from src.core import tracking
+    from src.core.local_servers import free_port
 
     before = mlflow.get_tracking_uri()
     monkeypatch.setenv("NMT_TRACKING", "on")

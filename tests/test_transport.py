@@ -153,7 +153,7 @@ def test_a_declared_length_must_be_a_number_and_fit(tmp_path):
 
 
 def test_an_unreachable_host_is_one_redacted_line(tmp_path):
-    from tracking_server import free_port
+    from src.core.local_servers import free_port
 
     url = f"http://user:pw@127.0.0.1:{free_port()}/x.zip?sig=1"
     with pytest.raises(PipelineError) as info:
