@@ -76,7 +76,8 @@ def millions(n: int | None) -> str:
 
 
 def default_run(runs: list[dict], source: str) -> list[str]:
-    """The default recipe, one column per run given (run 1 is the one main's dvc.lock holds)."""
+    """The default recipe, one column per run given; the one run marked `in_main_dvc_lock` (how
+    its outputs came to be main's dvc.lock) is the one `dvc metrics show` prints."""
     def column(run: dict) -> list:
         t, test = run["train"], run["test"]
         # a run stopped and resumed has step time but no single wall-clock figure
@@ -105,10 +106,16 @@ def default_run(runs: list[dict], source: str) -> list[str]:
                   for b in first["bleu_by_source_words"]]]
     columns = [column(run) for run in runs]
     machines = "; ".join(f"run {i + 1}: {run['machine']}" for i, run in enumerate(runs))
+    in_lock = [i for i, run in enumerate(runs) if run.get("in_main_dvc_lock")]
+    if len(in_lock) != 1:
+        raise SystemExit(f"{source}: exactly one run must say how it is in main's dvc.lock "
+                         f"(`in_main_dvc_lock`), not {len(in_lock)}")
+    lock = in_lock[0]
     lines = ["## The default recipe", "",
              "`dvc repro` with the committed params.yaml (`download.url` a local copy of "
-             f"cmn-eng.zip, same sha256); {machines}. Run 1's outputs are main's "
-             f"`dvc.lock`, so `dvc metrics show` prints them. Raw numbers: {cite(source)}.", ""]
+             f"cmn-eng.zip, same sha256); {machines}. Run {lock + 1}'s outputs are main's "
+             f"`dvc.lock` ({runs[lock]['in_main_dvc_lock']}), so `dvc metrics show` prints "
+             f"them. Raw numbers: {cite(source)}.", ""]
     lines += table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
                    [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])
     for i, run in enumerate(runs):

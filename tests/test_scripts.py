@@ -88,6 +88,26 @@ def test_results_page_follows_the_raw_rows(tmp_path):
             "35.1 | 9 | 10.0 |  |") in page
 
 
+def test_the_run_results_md_puts_in_main_dvc_lock_is_the_one_there():
+    # results.md says which default run main's dvc.lock holds; `dvc metrics show` prints the
+    # committed metric files, so they must be that run's figures, not another run's
+    runs = json.loads((REPO / "docs/benchmarks/default_run.json").read_text())["sittings"]
+    (run,) = [r for r in runs if r.get("in_main_dvc_lock")]
+    test = json.loads((REPO / "data/eval/metrics.json").read_text())
+    train = json.loads((REPO / "models/train_metrics.json").read_text())
+    export = json.loads((REPO / "models/export_metrics.json").read_text())
+    steps = json.loads((REPO / "models/train_stats.json").read_text())
+    assert (test["bleu"], test["chrf"]) == (run["test"]["bleu"], run["test"]["chrf"])
+    assert [test[k] for k in ("bleu_le6w", "bleu_7to9w", "bleu_ge10w")] == [
+        b["bleu"] for b in run["bleu_by_source_words"]]
+    assert (train["train_minutes"], round(train["tokens_per_s"])) == (
+        run["train"]["train_minutes"], run["train"]["tokens_per_s"])
+    assert (steps["epochs"], steps["steps"]) == (run["train"]["epochs"], run["train"]["steps"])
+    assert (export["fp32_bleu"], export["fp32_size_mb"], export["int8_bleu"],
+            export["int8_size_mb"]) == (run["export"]["fp32_bleu"], run["export"]["fp32_size_mb"],
+                                        run["export"]["int8_bleu"], run["export"]["int8_size_mb"])
+
+
 def test_row_notes_end_with_one_full_stop():
     results = load_script("results")
     rows = [{"name": "a", "note": "ran once."}, {"name": "b", "note": "ran twice"}, {"name": "c"}]
