@@ -31,6 +31,10 @@ then the train rows. It needs models/model.pt, models/tokenizer and data/tokeniz
 `--onnx-only` is for a machine with onnxruntime-gpu but no CTranslate2 built for CUDA: no
 engine benchmark, no train rows.
 
+The output file is rewritten after each check (`complete` false until the last), so a run
+stopped halfway keeps what it measured; a check that breaks becomes a row with its `error` and
+the next one runs. `--checks parity,batches` makes only the checks named.
+
 Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
 (fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
 itself is tested.
@@ -53,7 +57,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from src.core import local_servers, paths  # noqa: E402
+from src.core import failpoints, local_servers, paths  # noqa: E402
+from src.core.atomic import write_json  # noqa: E402
 from src.runtime import placement  # noqa: E402
 
 FILES = ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.text.onnx",
@@ -295,11 +300,11 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
                     [sys.executable, __file__, "--cell", spec, "--root", str(root),
                      "--table-sentences", str(n)] + (["--rehearse-on-cpu"] if device == "cpu"
                                                      else []),
-                    stdout=subprocess.PIPE, text=True)
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 peak = peak_total = None
                 while True:
                     try:
-                        out, _ = proc.communicate(timeout=0.2)
+                        out, err = proc.communicate(timeout=0.2)
                         break
                     except subprocess.TimeoutExpired:
                         if device != "cuda":
@@ -309,9 +314,12 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
                             peak = max(peak or 0, held)
                         if total is not None and baseline is not None:
                             peak_total = max(peak_total or 0, total - baseline)
-                if proc.returncode != 0:
-                    raise SystemExit(f"gpu_check: the batch-table cell {spec} failed "
-                                     f"(exit {proc.returncode})")
+                if proc.returncode != 0:  # the other cells still run; the row says why
+                    why = (err.strip().splitlines() or ["(nothing on stderr)"])[-1]
+                    rows.append({"check": "batches", "engine": engine, "batch_size": batch,
+                                 "beam": beam, "error": f"exit {proc.returncode}: {why}"})
+                    print(f"gpu_check: {spec} failed: {rows[-1]['error']}", file=sys.stderr)
+                    continue
                 rows.append({**json.loads(out.strip().splitlines()[-1]),
                              "peak_gpu_memory_mib": peak if peak is not None else peak_total,
                              "memory_of": "process" if peak is not None else
@@ -404,6 +412,40 @@ def train_rows(root: Path, steps: int, work: Path) -> list[dict]:
     return rows
 
 
+CHECKS = ("search", "placement", "parity", "bleu", "batches", "serve", "speed", "train")
+
+
+def available_checks(args) -> list[str]:
+    """The checks this run can make, in order: what `--onnx-only`, `--pytorch-only`, a
+    rehearsal and a 0 that turns one off leave."""
+    if args.pytorch_only:
+        planned = ["search"]
+    else:
+        planned = ["placement", "parity", "bleu"]
+        planned += ["batches"] if args.table_sentences else []
+        planned += ["serve"] if args.serve_requests else []
+    if not (args.rehearse_on_cpu or args.pytorch_only or args.onnx_only):
+        planned.append("speed")
+    if not args.onnx_only:
+        planned.append("train")
+    return planned
+
+
+def machine_facts(provider: str, onnx: bool) -> dict:
+    import platform
+
+    import torch
+
+    machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+               "provider": provider}
+    if onnx:
+        import onnxruntime as ort
+
+        machine["onnxruntime"] = ort.__version__
+    return machine
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -419,6 +461,11 @@ def main() -> int:
     parser.add_argument("--serve-requests", type=int, default=40,
                         help="requests of each served-model row (0: the served model is not "
                              "checked)")
+    parser.add_argument("--checks", type=lambda text: text.split(","), default=None,
+                        help=f"only these checks, comma-separated, of {', '.join(CHECKS)} "
+                             "(default: all that the other options allow); the output file "
+                             "is rewritten after each, so a run stopped halfway keeps the "
+                             "rows measured")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # one table cell: engine,batch,beam
     parser.add_argument("--output", type=Path, default=REPO / "docs/benchmarks/gpu_check.json")
     parser.add_argument("--rehearse-on-cpu", action="store_true",
@@ -433,6 +480,16 @@ def main() -> int:
     args = parser.parse_args()
     if args.onnx_only and args.pytorch_only:
         parser.error("--onnx-only and --pytorch-only leave nothing to check together: pick one")
+    unknown = [name for name in args.checks or [] if name not in CHECKS]
+    if unknown:
+        parser.error(f"--checks: no check named {', '.join(unknown)}; the checks are "
+                     f"{', '.join(CHECKS)}")
+    available = available_checks(args)
+    left_out = [name for name in args.checks or [] if name not in available]
+    if left_out:
+        parser.error(f"--checks: {', '.join(left_out)} cannot run with these options (they "
+                     f"leave {', '.join(available)})")
+    planned = [name for name in available if not args.checks or name in args.checks]
     if args.cell:  # a child of table_rows: one cell, one JSON line
         from src.core.params import ExportParams, load_params
 
@@ -451,6 +508,8 @@ def main() -> int:
     from src.core.params import ExportParams, load_params
 
     provider = "cpu" if args.rehearse_on_cpu else "cuda"
+    report = {"command": "python " + " ".join(sys.argv), "machine": machine_facts(
+        provider, onnx=not args.pytorch_only), "complete": False, "check_seconds": {}, "rows": []}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
         root = build(work / "project", args.build_minutes) if args.build_minutes else args.root
@@ -463,41 +522,41 @@ def main() -> int:
                   f"--build-minutes 4", file=sys.stderr)
             return 1
         cfg = load_params(ExportParams, path=root / "params.yaml")
-        if args.pytorch_only:
-            rows = search_rows(models, data, provider, cfg, args.sentences)
-        else:
-            rows = placement_rows(models, provider)
-            rows += parity_rows(models, data, provider, cfg, args.sentences)
-            rows += bleu_rows(models, data, provider, cfg)
-            if args.table_sentences:
-                rows += table_rows(root, provider, args.table_sentences)
-            if args.serve_requests:
-                rows += serve_rows(root, provider, work, args.serve_requests)
-        if not (args.rehearse_on_cpu or args.pytorch_only or args.onnx_only):
-            rows += speed_rows(models, data, work)
-        if not args.onnx_only:
-            rows += train_rows(root, args.train_steps, work)
+        checks = {
+            "search": lambda: search_rows(models, data, provider, cfg, args.sentences),
+            "placement": lambda: placement_rows(models, provider),
+            "parity": lambda: parity_rows(models, data, provider, cfg, args.sentences),
+            "bleu": lambda: bleu_rows(models, data, provider, cfg),
+            "batches": lambda: table_rows(root, provider, args.table_sentences),
+            "serve": lambda: serve_rows(root, provider, work, args.serve_requests),
+            "speed": lambda: speed_rows(models, data, work),
+            "train": lambda: train_rows(root, args.train_steps, work),
+        }
+        for name in planned:
+            print(f"gpu_check: {name} ...", file=sys.stderr)
+            start = time.perf_counter()
+            try:
+                report["rows"] += checks[name]()
+            except (Exception, SystemExit) as exc:  # the next check still runs; the row says why
+                why = str(exc).removeprefix("gpu_check: ") or type(exc).__name__
+                report["rows"].append({"check": name, "error": " ".join(why.split())})
+                print(f"gpu_check: {name} failed: {why}", file=sys.stderr)
+            report["check_seconds"][name] = round(time.perf_counter() - start, 1)
+            # on disk after every check: a run stopped halfway keeps what it measured
+            write_json(args.output, report)
+            failpoints.hit("gpu_check_after_check")
         shutil.rmtree(work / "project", ignore_errors=True)
-    import platform
-
-    import torch
-
-    machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-               "provider": provider}
-    if not args.pytorch_only:
-        import onnxruntime as ort
-
-        machine["onnxruntime"] = ort.__version__
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"command": "python " + " ".join(sys.argv),
-                                       "machine": machine, "rows": rows}, indent=2) + "\n")
+    report["complete"] = True
+    write_json(args.output, report)
+    rows = report["rows"]
     failed = [r for r in rows if r.get("passed") is False]
+    broken = [r["check"] for r in rows if "error" in r]
     for row in rows:
         print(json.dumps(row, ensure_ascii=False))
     print(f"gpu_check: {len(rows)} rows in {args.output}; "
-          + (f"{len(failed)} parity checks FAILED" if failed else "every parity check passed"))
-    return 1 if failed else 0
+          + (f"{len(failed)} parity checks FAILED" if failed else "every parity check passed")
+          + (f"; these checks failed: {', '.join(broken)}" if broken else ""))
+    return 1 if failed or broken else 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ has run end to end (only its CUDA provider and the engine benchmark have not).""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,17 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("gpu_check: no GPU to check here (")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_checks_it_cannot_make_are_refused_by_name(tmp_path):
+    for args, said in ((["--checks", "parity,speeed"], "no check named speeed"),
+                       (["--onnx-only", "--checks", "bleu,train"], "train cannot run")):
+        result = subprocess.run([sys.executable, str(SCRIPT), *args, "--output",
+                                 str(tmp_path / "o.json")],
+                                capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert result.returncode == 2
+        assert said in result.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "o.json").exists()
 
 
@@ -85,6 +97,36 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     assert trained[1]["precision"] == "fp32" and all(r["steps"] == 4 for r in trained)
     assert report["machine"]["provider"] == "cpu"
     assert "every parity check passed" in result.stdout
+    assert report["complete"] is True
+    assert list(report["check_seconds"]) == ["placement", "parity", "bleu", "batches", "serve",
+                                             "train"]
+
+    # a check that breaks leaves a row saying why; the checks after it still run
+    hidden = "import runpy, sys; sys.modules.update(dict.fromkeys(('mlflow',)))"
+    part = tmp_path / "part.json"
+    result = subprocess.run(
+        [sys.executable, "-c", f"{hidden}; sys.argv = sys.argv[1:]; "
+         "runpy.run_path(sys.argv[0], run_name='__main__')", str(SCRIPT), "--rehearse-on-cpu",
+         "--checks", "serve,train", "--root", str(root), "--serve-requests", "4",
+         "--train-steps", "4", "--output", str(part)],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 1
+    assert result.stdout.strip().splitlines()[-1].endswith("these checks failed: serve")
+    report = json.loads(part.read_text())
+    assert [r["check"] for r in report["rows"]] == ["serve", "train", "train"]
+    assert "mlflow" in report["rows"][0]["error"] and report["complete"] is True
+    assert all(r["steps"] == 4 for r in report["rows"][1:])
+    # killed halfway (as a device's time limit would), the file holds the checks that finished
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--checks", "placement,parity,bleu",
+         "--root", str(root), "--sentences", "20", "--output", str(part)],
+        capture_output=True, text=True, timeout=900, cwd=REPO,
+        env={**os.environ, "NMT_FAILPOINT": "gpu_check_after_check:2"})
+    assert result.returncode == 137
+    report = json.loads(part.read_text())
+    assert report["complete"] is False and list(report["check_seconds"]) == ["placement",
+                                                                              "parity"]
+    assert {r["check"] for r in report["rows"]} == {"placement", "parity"}
 
     # --onnx-only: the same ONNX rows, and no train rows
     result = subprocess.run(
@@ -133,3 +175,17 @@ def test_gpu_memory_is_read_from_nvidia_smi_for_the_process_and_the_gpu(tmp_path
     assert gpu_check.gpu_memory_mib(7) == (None, 5000)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert gpu_check.gpu_memory_mib(1234) == (None, None)
+
+
+def test_a_batch_table_cell_that_fails_is_a_row_saying_why(tmp_path, monkeypatch):
+    """One cell's crash does not cost the cells measured before or after it."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import gpu_check
+
+    monkeypatch.setattr(gpu_check, "TABLE_ENGINES", ("pytorch",))
+    monkeypatch.setattr(gpu_check, "TABLE_BATCHES", (1,))
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    rows = gpu_check.table_rows(tmp_path, "cpu", 4)  # no models/model.pt: each cell fails
+    assert [(r["engine"], r["batch_size"], r["beam"]) for r in rows] == [
+        ("pytorch", 1, 1), ("pytorch", 1, 4)]
+    assert all(r["error"].startswith("exit 1: ") and "model.pt" in r["error"] for r in rows)
