@@ -209,3 +209,25 @@ def test_an_fp16_file_is_refused_before_onnx_runtime_loads_it(tmp_path, monkeypa
                                                       "weights": "fp16"})
     with pytest.raises(PipelineError, match="^model.fp16.onnx runs on CUDA only"):
         sessions.open_session(path, "auto", 1)
+
+
+def test_cuda_libraries_are_loaded_before_a_session_that_asks_for_cuda(tmp_path, monkeypatch,
+                                                                       capsys):
+    """onnxruntime-gpu's CUDA provider finds pip-installed CUDA libraries only once they are
+    loaded: `preload_dlls` runs once per process, and only where a session wants CUDA."""
+    import onnxruntime as ort
+
+    calls = []
+    monkeypatch.setattr(ort, "preload_dlls", lambda: calls.append(1) or print("noise"),
+                        raising=False)
+    sessions.load_cuda_libraries.cache_clear()
+    path = small_model(tmp_path / "m.onnx", {"format": "x"})
+    sessions.open_session(path, "cpu", 1)
+    assert calls == []
+    # a GPU machine as `placement` sees it; this one has none, so ONNX Runtime falls back
+    monkeypatch.setattr(placement, "providers_for", lambda *_: [CUDA, CPU])
+    for _ in range(2):
+        session = sessions.open_session(path, "auto", 1)
+    assert calls == [1] and session.get_providers()[-1] == CPU
+    assert "noise" not in capsys.readouterr().out  # the served model's stdout stays clean
+    sessions.load_cuda_libraries.cache_clear()

@@ -7,7 +7,10 @@ No torch.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import io
 import mmap
 import os
 import sys
@@ -49,6 +52,24 @@ def extensions_library() -> str | None:
             if library.is_file():
                 return str(library)
     return None
+
+
+@functools.cache
+def load_cuda_libraries() -> None:
+    """Once per process, before the first session that asks for CUDA. The CUDA provider of
+    onnxruntime-gpu links libcudart, libcublas, libcurand (and opens cuDNN) by name with no
+    search path of its own: where they came as pip packages (`onnxruntime-gpu[cuda,cudnn]`, or
+    torch's), a process that has not imported torch finds them only if something loads them
+    first, and would quietly run on the CPU. ONNX Runtime's `preload_dlls` (1.21 and later)
+    loads them from those packages or the default paths; what it prints on the way is dropped,
+    since a CUDA provider that still cannot start is reported by `open_session` in one line."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(Exception):
+        preload()
 
 
 @contextmanager
@@ -93,6 +114,8 @@ def open_session(model_path: Path, choice: str = "auto", threads: int = DEFAULT_
     options.inter_op_num_threads = 1
     options.log_severity_level = severity
     options.add_session_config_entry(placement.RECORD_ASSIGNMENTS, "1")
+    if CUDA in wanted:
+        load_cuda_libraries()
     # only text models use its operators: others never load it
     library = extensions_library() if kind.text else None
     if library is not None:
