@@ -33,7 +33,8 @@ engine benchmark, no train rows.
 
 The output file is rewritten after each check (`complete` false until the last), so a run
 stopped halfway keeps what it measured; a check that breaks becomes a row with its `error` and
-the next one runs. `--checks parity,batches` makes only the checks named.
+the next one runs. `--checks batches,parity` makes only the checks named, in that
+order.
 
 Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
 (fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
@@ -462,8 +463,9 @@ def main() -> int:
                         help="requests of each served-model row (0: the served model is not "
                              "checked)")
     parser.add_argument("--checks", type=lambda text: text.split(","), default=None,
-                        help=f"only these checks, comma-separated, of {', '.join(CHECKS)} "
-                             "(default: all that the other options allow); the output file "
+                        help=f"only these checks, in this order, comma-separated, of "
+                             f"{', '.join(CHECKS)} (default: all that the other options "
+                             "allow, in that order); the output file "
                              "is rewritten after each, so a run stopped halfway keeps the "
                              "rows measured")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # one table cell: engine,batch,beam
@@ -489,7 +491,7 @@ def main() -> int:
     if left_out:
         parser.error(f"--checks: {', '.join(left_out)} cannot run with these options (they "
                      f"leave {', '.join(available)})")
-    planned = [name for name in available if not args.checks or name in args.checks]
+    planned = list(dict.fromkeys(args.checks)) if args.checks else available
     if args.cell:  # a child of table_rows: one cell, one JSON line
         from src.core.params import ExportParams, load_params
 

@@ -116,16 +116,17 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     assert [r["check"] for r in report["rows"]] == ["serve", "train", "train"]
     assert "mlflow" in report["rows"][0]["error"] and report["complete"] is True
     assert all(r["steps"] == 4 for r in report["rows"][1:])
-    # killed halfway (as a device's time limit would), the file holds the checks that finished
+    # killed halfway (as a device's time limit would), the file holds the checks that finished,
+    # made in the order asked
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--checks", "placement,parity,bleu",
+        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--checks", "parity,placement,bleu",
          "--root", str(root), "--sentences", "20", "--output", str(part)],
         capture_output=True, text=True, timeout=900, cwd=REPO,
         env={**os.environ, "NMT_FAILPOINT": "gpu_check_after_check:2"})
     assert result.returncode == 137
     report = json.loads(part.read_text())
-    assert report["complete"] is False and list(report["check_seconds"]) == ["placement",
-                                                                              "parity"]
+    assert report["complete"] is False and list(report["check_seconds"]) == ["parity",
+                                                                              "placement"]
     assert {r["check"] for r in report["rows"]} == {"placement", "parity"}
 
     # --onnx-only: the same ONNX rows, and no train rows
