@@ -75,6 +75,16 @@ def millions(n: int | None) -> str:
     return f"{n / 1e6:.2f}M" if n else "n/a"
 
 
+def run_in_main_dvc_lock(runs: list[dict], source: str) -> int:
+    """The index of the one default run marked `in_main_dvc_lock` (how its outputs came to be
+    main's dvc.lock and committed metric files)."""
+    in_lock = [i for i, run in enumerate(runs) if run.get("in_main_dvc_lock")]
+    if len(in_lock) != 1:
+        raise SystemExit(f"{source}: exactly one run must say how it is in main's dvc.lock "
+                         f"(`in_main_dvc_lock`), not {len(in_lock)}")
+    return in_lock[0]
+
+
 def default_run(runs: list[dict], source: str) -> list[str]:
     """The default recipe, one column per run given; the one run marked `in_main_dvc_lock` (how
     its outputs came to be main's dvc.lock) is the one `dvc metrics show` prints."""
@@ -106,11 +116,7 @@ def default_run(runs: list[dict], source: str) -> list[str]:
                   for b in first["bleu_by_source_words"]]]
     columns = [column(run) for run in runs]
     machines = "; ".join(f"run {i + 1}: {run['machine']}" for i, run in enumerate(runs))
-    in_lock = [i for i, run in enumerate(runs) if run.get("in_main_dvc_lock")]
-    if len(in_lock) != 1:
-        raise SystemExit(f"{source}: exactly one run must say how it is in main's dvc.lock "
-                         f"(`in_main_dvc_lock`), not {len(in_lock)}")
-    lock = in_lock[0]
+    lock = run_in_main_dvc_lock(runs, source)
     lines = ["## The default recipe", "",
              "`dvc repro` with the committed params.yaml (`download.url` a local copy of "
              f"cmn-eng.zip, same sha256); {machines}. Run {lock + 1}'s outputs are main's "
