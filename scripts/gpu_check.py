@@ -368,8 +368,8 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
                                log.read_text(errors="replace").splitlines() if "nmt: " in line),
                               None)
         except local_servers.ServerDidNotStart as exc:
-            raise SystemExit(f"gpu_check: the served model ({provider}) did not come up: "
-                             f"{exc}") from None
+            raise RuntimeError(f"the served model ({provider}) did not come up: {exc}") \
+                from None
         rows += [{"check": "serve", "provider": provider, "ran_on": ran_on, **row}
                  for row in json.loads(out.read_text())["rows"]]
     return rows
@@ -540,7 +540,7 @@ def main() -> int:
             try:
                 report["rows"] += checks[name]()
             except (Exception, SystemExit) as exc:  # the next check still runs; the row says why
-                why = str(exc).removeprefix("gpu_check: ") or type(exc).__name__
+                why = str(exc) or type(exc).__name__
                 report["rows"].append({"check": name, "error": " ".join(why.split())})
                 print(f"gpu_check: {name} failed: {why}", file=sys.stderr)
             report["check_seconds"][name] = round(time.perf_counter() - start, 1)
