@@ -4,6 +4,7 @@ merged files under docs/benchmarks/ ({"sittings": [...]}), on hand-made rows."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,16 @@ def test_score_cost_table_gives_each_engines_cost_and_their_speeds_with_scores(t
 |---|---|---|---|---|---|
 | int8 1 32, 1 | **0.942** / **0.931** | **0.949** / 0.970 | **0.942** | **0.931** | 1.06 |
 """
+
+
+def test_every_table_docs_engines_md_shows_is_what_the_script_prints_from_its_file():
+    """docs/engines.md says each table is the exact output of the command above it: a table
+    edited by hand, or a sitting file changed after its table was pasted, fails here."""
+    engine_sittings = load_sittings()
+    page = (REPO / "docs" / "engines.md").read_text(encoding="utf-8")
+    files = re.findall(r"python scripts/engine_sittings\.py (docs/benchmarks/\S+?\.json)", page)
+    assert len(set(files)) >= 5
+    for name in sorted(set(files)):
+        printed = engine_sittings.report(engine_sittings.sittings_in(REPO / name))
+        missing = [line for line in printed.splitlines() if line.strip() and line not in page]
+        assert missing == [], f"{name}: lines its table should show, absent from the page"
