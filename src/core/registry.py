@@ -40,13 +40,10 @@ def parse_model_uri(uri: str) -> ModelRef:
 
 def open_client():
     """An MlflowClient on the project's tracking store (tracking.tracking_uri())."""
-    import os
-
     import mlflow
     from mlflow import MlflowClient
 
-    for key, value in tracking.HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    tracking.apply_mlflow_defaults()
     mlflow.set_tracking_uri(tracking.tracking_uri())
     return MlflowClient()
 

@@ -107,11 +107,20 @@ def best_effort(method):
 
 # A tracking server that went away must not stall training for minutes: MLflow's defaults retry
 # a failed request 7 times with exponential backoff. Users' own settings win.
-HTTP_DEFAULTS = {
+MLFLOW_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    # Logging and registering the served model downloads artifacts six times, each drawing a
+    # tqdm bar: noise in every export's log (nohup, CI, `dvc repro`).
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }
+
+
+def apply_mlflow_defaults() -> None:
+    """MLFLOW_DEFAULTS into the environment, where the user has not set them."""
+    for key, value in MLFLOW_DEFAULTS.items():
+        os.environ.setdefault(key, value)
 
 
 class MlflowRun(NullRun):
@@ -353,8 +362,7 @@ def _open_run(stage: str, params: dict[str, Any], deps: list[Path], system_metri
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    apply_mlflow_defaults()
     local_store = not os.environ.get("MLFLOW_TRACKING_URI")  # set_tracking_uri exports it
     mlflow.set_tracking_uri(tracking_uri())
     client = MlflowClient()
