@@ -32,6 +32,9 @@ from src.training.validation import ValidScorer
 
 
 def progress_bar(show: bool = True) -> Progress:
+    """The epoch's bar, drawn only on a terminal: elsewhere (nohup, CI, DVC) rich would still
+    print its last state once at the end, a stale extra line; `progress_line` serves there."""
+    console = Console(soft_wrap=True)
     return Progress(
         TextColumn("[bold]train[/] epoch {task.fields[epoch]}"),
         BarColumn(),
@@ -40,10 +43,10 @@ def progress_bar(show: bool = True) -> Progress:
         TextColumn(
             "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:,.0f} tok/s"
         ),
-        disable=not show,
+        disable=not (show and console.is_terminal),
         # A line printed to a file or pipe is never wrapped (rich wraps at 80 columns there),
         # so each epoch stays one line a log can be grepped by.
-        console=Console(soft_wrap=True),
+        console=console,
     )
 
 
