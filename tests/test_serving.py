@@ -177,6 +177,35 @@ def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
         assert all(r["errors"] == 0 and r["requests"] == 8 for r in table)
 
 
+def test_a_serving_sitting_serves_the_registered_model_per_thread_count(project, tracking,
+                                                                         tmp_path):
+    """scripts/serving_sittings.py finds the project's registry from a server directory of its
+    own, writes every row and prints the table from them."""
+    out, sentences = tmp_path / "sitting.json", tmp_path / "sentences.txt"
+    sentences.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking}
+    result = subprocess.run(
+        [sys.executable, "scripts/serving_sittings.py", "run", "--json", str(out),
+         "--rounds", "2", "--threads", "1,2", "--batches", "1,2", "--clients", "1",
+         "--sentences-per-row", "2", "--warmup", "0", "--sentences", str(sentences)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    sitting = json.loads(out.read_text())
+    assert sitting["model"] == "models:/nmt-en-zh@candidate (version 1)"
+    assert [(r["round"], r["threads"], r["batch"], r["requests"], r["errors"])
+            for r in sitting["rows"]] == [
+        (1, 1, 1, 2, 0), (1, 1, 2, 1, 0), (1, 2, 1, 2, 0), (1, 2, 2, 1, 0),
+        (2, 2, 1, 2, 0), (2, 2, 2, 1, 0), (2, 1, 1, 2, 0), (2, 1, 2, 1, 0)]
+    assert "| 2 | 1 | " in result.stdout and "errors: 0." in result.stdout
+    missing = subprocess.run(
+        [sys.executable, "scripts/serving_sittings.py", "run", "--json", str(out), "--model",
+         "models:/nmt-en-zh@nobody"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: models:/nmt-en-zh@nobody is not in sqlite:")
+    assert len(missing.stderr.splitlines()) == 1
+
+
 def uv() -> str | None:
     """uv (a dev dependency) from this venv or PATH: it builds environments in seconds."""
     beside = Path(sys.executable).with_name("uv")

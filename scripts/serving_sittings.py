@@ -1,0 +1,185 @@
+"""The served model under load, per ONNX Runtime thread count: a sitting to a JSON file, and the
+table docs/serving.md shows, printed from that file.
+
+    python scripts/serving_sittings.py run --sentences test.en --threads 1,2 --rounds 3 \
+        --json serving.json                   # `mlflow models serve`, one worker, per count
+    python scripts/serving_sittings.py table serving.json
+
+`run` serves the registered model (`--model`, default the export's `candidate`) with `mlflow
+models serve` on loopback, one worker, once per thread count per round (`NMT_THREADS`; the
+order swaps every round, so the host's drift hits each count alike), and sends each server the
+load of scripts/load_test.py: for every batch size and number of concurrent clients, untimed
+warm-up requests, then `--sentences-per-row` sentences in requests of that size. Rows are
+written after each server, so a run cut short keeps what it measured. Not a test: the server and
+this client share the machine's cores, so run it on an otherwise idle machine.
+
+`table` prints, per batch size and client count, each thread count's sentences/s and p50
+latency, lowest-highest over the rounds; a count's throughput is bold where its lowest round
+beats every other count's highest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
+
+from scripts.benchmark_kernels import cpu  # noqa: E402
+from scripts.load_test import FALLBACK, load  # noqa: E402
+from src.core import tracking  # noqa: E402
+from src.core.errors import PipelineError  # noqa: E402
+from src.core.local_servers import ServerDidNotStart, model_server  # noqa: E402
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False,
+                  help=__doc__.split("\n\n")[0])
+
+
+def thread_orders(threads: list[int], rounds: int) -> list[list[int]]:
+    """Round r serves the counts in the given order, reversed every other round."""
+    return [threads if r % 2 == 0 else threads[::-1] for r in range(rounds)]
+
+
+def requests_for(batch: int, sentences_per_row: int) -> int:
+    return max(1, math.ceil(sentences_per_row / batch))
+
+
+def span(values: list[float], digits: int = 1) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.{digits}f}" if low == high else f"{low:.{digits}f}–{high:.{digits}f}"
+
+
+def render(sitting: dict) -> str:
+    """The markdown table of one sitting's rows (see the module docstring)."""
+    rows = sitting["rows"]
+    counts = sorted({r["threads"] for r in rows})
+    cells = sorted({(r["batch"], r["clients"]) for r in rows})
+    rounds = len({r["round"] for r in rows})
+
+    def of(threads: int, cell: tuple[int, int], key: str) -> list[float]:
+        return [r[key] for r in rows if r["threads"] == threads and (r["batch"], r["clients"])
+                == cell]
+
+    def thread_label(n: int) -> str:
+        return f"{n} thread{'s' if n > 1 else ''}"
+
+    lines = [f"{sitting['cpu']}; commit {sitting['commit']}; ONNX Runtime "
+             f"{sitting['onnxruntime']}; {sitting['model']}; {rounds} round(s), lowest–highest; "
+             f"errors: {sum(r['errors'] for r in rows)}.", "",
+             "| sentences per request | clients | "
+             + " | ".join(f"{thread_label(n)}: sent/s" for n in counts) + " | "
+             + " | ".join(f"{thread_label(n)}: p50 ms" for n in counts) + " |",
+             "| ---: | ---: | " + " | ".join("---:" for _ in counts * 2) + " |"]
+    for cell in cells:
+        speeds = {n: of(n, cell, "sentences_per_s") for n in counts}
+        shown = []
+        for n in counts:
+            text = span(speeds[n])
+            others = [max(v) for m, v in speeds.items() if m != n and v]
+            if speeds[n] and others and min(speeds[n]) > max(others):
+                text = f"**{text}**"
+            shown.append(text)
+        latency = [span(of(n, cell, "p50_ms")) for n in counts]
+        lines.append(f"| {cell[0]} | {cell[1]} | " + " | ".join(shown + latency) + " |")
+    return "\n".join(lines)
+
+
+def write(path: Path, sitting: dict) -> None:
+    path.write_text(json.dumps(sitting, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def registered_version(model: str, uri: str) -> str:
+    """'models:/nmt-en-zh@candidate (version 2)': which model the rows measured, so a later
+    export under the same alias is not taken for it; one line if the store does not have it."""
+    from mlflow import MlflowClient
+
+    from src.core.registry import parse_model_uri
+
+    try:
+        ref = parse_model_uri(model)
+    except ValueError:
+        return model  # runs:/…, a path: the URI says it all
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        version = (client.get_model_version_by_alias(ref.name, ref.alias) if ref.alias
+                   else client.get_model_version(ref.name, ref.version))
+    except Exception as exc:  # no such model or alias, a store that cannot be read
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PipelineError(f"{model} is not in {uri}: {first}") from None
+    return f"{model} (version {version.version})"
+
+
+def onnxruntime_version() -> str:
+    import onnxruntime  # the CPU or the GPU build, whichever is installed
+
+    return onnxruntime.__version__
+
+
+@app.command()
+def run(
+    json_out: Path = typer.Option(..., "--json", help="Write the sitting here (after each "
+                                  "server, so a run cut short keeps its rows)."),
+    model: str = typer.Option("models:/nmt-en-zh@candidate", help="The model to serve."),
+    sentences: Path = typer.Option(None, help="Source sentences, one per line."),
+    threads: str = typer.Option("1,2", help="NMT_THREADS of each server, comma-separated."),
+    rounds: int = typer.Option(3, min=1, help="Servers per thread count, orders alternating."),
+    batches: str = typer.Option("1,32", help="Sentences per request, comma-separated."),
+    clients: str = typer.Option("1,4,16", help="Concurrent clients, comma-separated."),
+    sentences_per_row: int = typer.Option(640, min=1, help="Sentences each row sends, in "
+                                          "requests of its batch size."),
+    warmup: int = typer.Option(16, min=0, help="Untimed requests before each row."),
+    timeout: float = typer.Option(120, min=1, help="Seconds before a request counts as lost."),
+) -> None:
+    """Serve the model once per thread count per round and load it; write the rows."""
+    pool = (sentences.read_text(encoding="utf-8").splitlines() if sentences else FALLBACK)
+    pool = [s for s in pool if s.strip()] or FALLBACK
+    counts = [int(t) for t in threads.split(",")]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    # the server runs in a directory of its own: it finds the registry by the URI, not by cwd
+    env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
+    sitting = {"command": "python " + " ".join(sys.argv), "commit": commit, "cpu": cpu(),
+               "onnxruntime": onnxruntime_version(),
+               "model": registered_version(model, env["MLFLOW_TRACKING_URI"]), "rows": []}
+    for round_index, order in enumerate(thread_orders(counts, rounds), start=1):
+        for n_threads in order:
+            with tempfile.TemporaryDirectory() as work:
+                try:
+                    with model_server(model, Path(work), env | {"NMT_THREADS": str(n_threads)}
+                                      ) as (url, _):
+                        for batch in (int(b) for b in batches.split(",")):
+                            requests = requests_for(batch, sentences_per_row)
+                            for n_clients in (int(c) for c in clients.split(",")):
+                                if warmup:
+                                    load(url, pool, batch, n_clients, warmup, timeout)
+                                row = load(url, pool, batch, n_clients, requests, timeout)
+                                row = {"round": round_index, "threads": n_threads,
+                                       "batch": batch, "clients": n_clients,
+                                       "requests": requests} | row
+                                sitting["rows"].append(row)
+                                print(json.dumps(row), flush=True)
+                except ServerDidNotStart as exc:
+                    raise PipelineError(f"{model} was not served ({env['MLFLOW_TRACKING_URI']})"
+                                        f": {exc}") from None
+            write(json_out, sitting)
+    print(render(sitting))
+    if any(r["errors"] for r in sitting["rows"]):
+        raise typer.Exit(1)
+
+
+@app.command()
+def table(sitting: Path = typer.Argument(..., help="A file `run --json` wrote.")) -> None:
+    """Print the sitting's table."""
+    print(render(json.loads(sitting.read_text(encoding="utf-8"))))
+
+
+if __name__ == "__main__":
+    from src.core.cli import run_cli
+
+    run_cli(app)
