@@ -94,25 +94,16 @@ def write(path: Path, sitting: dict) -> None:
     path.write_text(json.dumps(sitting, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def registered_version(model: str, uri: str) -> str:
+def registered_version(model: str) -> str:
     """'models:/nmt-en-zh@candidate (version 2)': which model the rows measured, so a later
     export under the same alias is not taken for it; one line if the store does not have it."""
-    from mlflow import MlflowClient
-
-    from src.core.registry import parse_model_uri
+    from src.core import registry
 
     try:
-        ref = parse_model_uri(model)
+        ref = registry.parse_model_uri(model)
     except ValueError:
         return model  # runs:/…, a path: the URI says it all
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    try:
-        version = (client.get_model_version_by_alias(ref.name, ref.alias) if ref.alias
-                   else client.get_model_version(ref.name, ref.version))
-    except Exception as exc:  # no such model or alias, a store that cannot be read
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise PipelineError(f"{model} is not in {uri}: {first}") from None
-    return f"{model} (version {version.version})"
+    return f"{model} (version {registry.find_version(registry.open_client(), ref).version})"
 
 
 def onnxruntime_version() -> str:
@@ -146,7 +137,7 @@ def run(
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
     sitting = {"command": "python " + " ".join(sys.argv), "commit": commit, "cpu": cpu(),
                "onnxruntime": onnxruntime_version(),
-               "model": registered_version(model, env["MLFLOW_TRACKING_URI"]), "rows": []}
+               "model": registered_version(model), "rows": []}
     for round_index, order in enumerate(thread_orders(counts, rounds), start=1):
         for n_threads in order:
             with tempfile.TemporaryDirectory() as work:

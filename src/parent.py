@@ -60,7 +60,10 @@ def resolve(init_from: str, pair: PairParams, dest: Path) -> dict:
 
         ref = registry.parse_model_uri(init_from)
         client = registry.open_client()
-        version = registry.find_version(client, ref)
+        try:
+            version = registry.find_version(client, ref)
+        except PipelineError as exc:
+            raise PipelineError(f"train.init_from {init_from}: {exc}") from None
         with tempfile.TemporaryDirectory(prefix=".parent-") as tmp:  # pragma: no mutate
             weights = registry.download_weights(client, ref, version, Path(tmp))
             copy_parent(weights / "model.pt", weights / "tokenizer", init_from, dest)

@@ -202,7 +202,7 @@ def test_a_serving_sitting_serves_the_registered_model_per_thread_count(project,
          "models:/nmt-en-zh@nobody"], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=300)
     assert missing.returncode == 1
-    assert missing.stderr.startswith("error: models:/nmt-en-zh@nobody is not in sqlite:")
+    assert missing.stderr.startswith("error: nmt-en-zh has no alias 'nobody' in sqlite:")
     assert len(missing.stderr.splitlines()) == 1
 
 

@@ -75,8 +75,8 @@ def find_version(client, ref: ModelRef):
     except MlflowException as exc:
         if exc.error_code in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
             what = f"alias {ref.alias!r}" if ref.alias else f"version {ref.version}"
-            raise PipelineError(f"{ref.name} has no {what} in {tracking.tracking_uri()} "
-                                f"(train.init_from {ref})") from None
+            raise PipelineError(f"{ref.name} has no {what} in {tracking.tracking_uri()}"
+                                ) from None
         raise _unreachable(exc) from None
     except Exception as exc:
         raise _unreachable(exc) from None
