@@ -221,8 +221,9 @@ def padded(rows: list[list[int]]) -> torch.Tensor:
 
 def rescored(model: Transformer, src: torch.Tensor, ids: list[int], max_len: int,
              length_penalty: float) -> float:
-    """A hypothesis's score from one teacher-forced pass: sum(log p) / length**penalty, its EOS
-    counted when it ended before max_len (the search's own bookkeeping is not consulted)."""
+    """A hypothesis's score from one teacher-forced pass: sum(log p) / length**penalty, length
+    its tokens + 1: its EOS when it ended before max_len (whose log p is summed), the limit
+    when cut there (the search's own bookkeeping is not consulted)."""
     tokens = ids + [EOS] if len(ids) < max_len else ids
     if not tokens:
         return 0.0
@@ -232,7 +233,7 @@ def rescored(model: Transformer, src: torch.Tensor, ids: list[int], max_len: int
     logits[:, list(BANNED)] = float("-inf")  # PAD, BOS, UNK are never chosen
     logp = torch.log_softmax(logits, dim=-1)
     total = float(logp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
-    return total / len(tokens) ** length_penalty
+    return total / (len(ids) + 1) ** length_penalty
 
 
 @TORCH

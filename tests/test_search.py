@@ -196,7 +196,8 @@ ENDS_SRC = torch.tensor([[5, 6, 7, EOS, 0, 0], [8, EOS, 0, 0, 0, 0],
 
 def rescore(model, src_row, ids, max_len, length_penalty=1.0) -> float:
     """A hypothesis's score from the model, token by token with the hypothesis fed in:
-    sum(log p) / length**length_penalty, EOS counted when it ended before max_len."""
+    sum(log p) / length**length_penalty, length its tokens + 1: its EOS when it ended before
+    max_len (whose log p is summed), the limit when cut there."""
     from src.core.special_ids import BANNED, BOS
 
     tokens = ids + [EOS] if len(ids) < max_len else ids
@@ -210,7 +211,7 @@ def rescore(model, src_row, ids, max_len, length_penalty=1.0) -> float:
             logits[:, list(BANNED)] = float("-inf")
             total += float(torch.log_softmax(logits, dim=-1)[0, token])
             previous = token
-    return total / max(len(tokens), 1) ** length_penalty
+    return total / (len(ids) + 1) ** length_penalty
 
 
 def row(i: int) -> torch.Tensor:

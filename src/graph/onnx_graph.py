@@ -31,7 +31,8 @@ The outer graph is what any ONNX Runtime client calls with one `session.run`:
     repetition_penalty   float (1,)    1.0 (kept for ORT's signature: the Loop applies none)
     -> sequences         int32 (B, num_return_sequences, T): BOS, tokens, then PAD (no EOS)
     -> sequences_scores  float (B, num_return_sequences): sum(log p) / length**length_penalty,
-                         length = the hypothesis's tokens with EOS (best first)
+                         length = the hypothesis's tokens + 1: its EOS, or the limit it was
+                         cut at (best first; ONNX Runtime's operator counts the BOS)
 
 The source attention mask is computed inside the graph from `input_ids != PAD`, because ORT's
 own mask only handles left padding. PAD, BOS and UNK logits are set to -inf inside the decoder,

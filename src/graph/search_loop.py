@@ -9,15 +9,16 @@ cross-attention keys and values, the source mask, the hypotheses), writing each 
 hypothesis into the output by its original index. Same inputs and the same outputs as the
 BeamSearch node: `sequences` (B, N, T) with BOS, the tokens, then PAD (EOS is not written), and
 `sequences_scores` (B, N), each hypothesis's sum(log p) / length**length_penalty (length = its
-tokens, EOS counted), the N = `num_return_sequences` best of each sentence, best first (greedy
-search: N is 1).
+tokens + 1: its EOS, or the limit it was cut at), the N = `num_return_sequences` best of each
+sentence, best first (greedy search: N is 1).
 
 The search is `src.nmt.search.beam_search`, step for step: the 2K best continuations of a
 sentence's K beams; an EOS among the first K finishes a hypothesis (score / length**penalty,
 length counting the EOS); the first K others go on; a sentence is done when it holds K finished
-hypotheses; at the length limit its live beams compete too. Each sentence keeps its N best
-hypotheses so far (`best`, (N_open, N) scores, and their tokens in the output), merged with
-each step's finished ones by one TopK: among equal scores the one kept longer comes first.
+hypotheses; at the length limit its live beams compete too, scored by (length + 1), as the
+operator scores them. Each sentence keeps its N best hypotheses so far (`best`, (N_open, N)
+scores, and their tokens in the output), merged with each step's finished ones by one TopK:
+among equal scores the one kept longer comes first.
 Ties go to the earlier candidate, as there. `min_length` bans EOS before that length (BOS
 counted), as ONNX Runtime's operator does. The first step runs one row per sentence, as its K
 beams would be K copies of one row.
@@ -725,7 +726,10 @@ def _finish(end: dict[str, str], batch_1: str, outer: dict[str, str], outputs: t
     n = Nodes(f"{pre}final/")
     zero_1, one_1 = n.const(INT64, [0]), n.const(INT64, [1])
     steps = n.op("Squeeze", n.op("Shape", end["history"], start=1, end=2))
-    penalty = n.op("Pow", n.op("Cast", steps, to=FLOAT), outer["length_penalty"])
+    # a hypothesis cut at the limit counts its tokens + 1, as one that ends counts its EOS (and
+    # as ONNX Runtime's operator, which searches one sentence, counts its BOS)
+    penalty = n.op("Pow", n.op("Cast", n.op("Add", steps, n.const(INT64, [1], [])), to=FLOAT),
+                   outer["length_penalty"])
     if greedy:
         better = n.op("ConstantOfShape", n.op("Shape", end["sents"]),
                       value=helper.make_tensor("v", BOOL, [1], [True]))

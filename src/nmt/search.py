@@ -1,9 +1,10 @@
 """Greedy and batched beam search over `Transformer.encode` / `decode_step` (with KV cache).
 
 Both never emit PAD, BOS or UNK (their logits are masked), so a rare word becomes byte pieces
-instead of `<unk>`. Beam scores follow the Hugging Face / ONNX Runtime convention,
-sum(log p) / length**length_penalty with length = generated tokens including EOS, so the
-exported BeamSearch graph ranks hypotheses the same way.
+instead of `<unk>`. Scores follow ONNX Runtime's BeamSearch operator, sum(log p) /
+length**length_penalty with length = generated tokens + 1: the EOS of a hypothesis that ends,
+the limit of one cut there (the operator counts its BOS). So the exported file ranks and scores
+hypotheses the same way whether a sentence goes to the operator (alone) or to the batch Loop.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _log_probs(logits: Tensor) -> Tensor:
 def greedy_search(model: Transformer, src: Tensor, max_len: int, length_penalty: float = 1.0,
                   with_scores: bool = False):
     """src (B, S) -> token ids per row, EOS excluded; `with_scores`: (ids, score) per row, the
-    score sum(log p) / length**length_penalty as the beam search's (EOS counted)."""
+    score sum(log p) / length**length_penalty as the beam search's (tokens + 1)."""
     with torch.no_grad():
         return _greedy(model, src, max_len, length_penalty, with_scores)
 
@@ -71,7 +72,8 @@ def _greedy(model: Transformer, src: Tensor, max_len: int, length_penalty: float
     hyps = [row[: row.index(EOS)] if EOS in row else row for row in ids]
     if not with_scores:
         return hyps
-    scores = (total / lengths.clamp(min=1) ** length_penalty).tolist()
+    # a row cut at the limit counts one more, as one that ended counts its EOS
+    scores = (total / (lengths + (~done).float()) ** length_penalty).tolist()
     return list(zip(hyps, scores))
 
 
@@ -153,7 +155,7 @@ def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penal
         scores = next_scores.masked_fill(~src.new_tensor(open_rows, dtype=torch.bool)[:, None],
                                          NEG_INF)
         tokens = next_token.view(-1, 1)
-    length = max(history.shape[1], 1)  # max_len 0: an empty output scores 0, as in greedy
+    length = history.shape[1] + 1  # cut at the limit: its tokens + 1, as an ending's EOS
     for b in range(batch):
         if open_rows[b] or not finished[b]:  # ran out of length: live beams are candidates
             for k in range(beam):

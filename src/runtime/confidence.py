@@ -1,12 +1,13 @@
 """A per-sentence confidence in [0, 1] from the search's score, the same number in every runtime.
 
 The feature is the translation's mean log-probability per token (its score with length
-penalty 1: sum(log p) / length, EOS counted). Export fits a logistic curve on the valid split,
-P(sentence chrF >= threshold) = sigmoid(slope * mean_logp + intercept), and stores it in each
-file's metadata (`confidence`, JSON); `src.infer`, the MLflow model and any other client read
-it from there. A file without it gets the uncalibrated exp(mean_logp), the geometric mean of the
-token probabilities. Both only ever rise with mean_logp, so the ranking (what the evaluate
-stage's AUROC and risk-coverage curve measure) is the feature's.
+penalty 1: sum(log p) / length, length its tokens + 1: the EOS, or the limit it was cut at).
+Export fits a logistic curve on the valid split, P(sentence chrF >= threshold) =
+sigmoid(slope * mean_logp + intercept), and stores it in each file's metadata (`confidence`,
+JSON); `src.infer`, the MLflow model and any other client read it from there. A file without
+it gets the uncalibrated exp(mean_logp), the geometric mean of the token probabilities. Both
+only ever rise with mean_logp, so the ranking (what the evaluate stage's AUROC and
+risk-coverage curve measure) is the feature's.
 
 numpy only: this runs where the model runs.
 """
