@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -131,12 +130,10 @@ def run(
     pool = (sentences.read_text(encoding="utf-8").splitlines() if sentences else FALLBACK)
     pool = [s for s in pool if s.strip()] or FALLBACK
     counts = [int(t) for t in threads.split(",")]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
     # the server runs in a directory of its own: it finds the registry by the URI, not by cwd
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
-    sitting = {"command": "python " + " ".join(sys.argv), "commit": commit, "cpu": cpu(),
-               "onnxruntime": onnxruntime_version(),
+    sitting = {"command": "python " + " ".join(sys.argv), "commit": tracking.git_commit()[:7],
+               "cpu": cpu(), "onnxruntime": onnxruntime_version(),
                "model": registered_version(model), "rows": []}
     for round_index, order in enumerate(thread_orders(counts, rounds), start=1):
         for n_threads in order:
