@@ -9,6 +9,8 @@ and the share of padding. `--profile` prints torch.profiler's top operators by s
     python scripts/benchmark_train_step.py --precision bf16 --profile 30
     python scripts/benchmark_train_step.py --precision bf16 --epoch 1 --warmup 20 --steps 450 \
         --window 50 --allocator system     # glibc's malloc slowing down over 450 steps
+    python scripts/benchmark_train_step.py --precision bf16 --epoch 1 --warmup 30 --steps 150 \
+        --without packed-rows              # one lever of the bf16 step off, to measure it alone
 
 Run it on an idle machine: two PyTorch processes on two cores slow each other several-fold.
 """
@@ -20,7 +22,9 @@ import platform
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -31,12 +35,36 @@ from src.core.params import ModelParams, TrainParams, load_params
 from src.data.batching import make_batch, token_batches
 from src.data.subword import load_tokenizers
 from src.nmt.model import Transformer, model_config
+from src.training import loss, validation
 from src.training.fit import training_corpus
 from src.training.host_memory import ALLOCATOR_CHOICES, allocator_in_use, use_allocator
 from src.training.resume import ResumeStore
 from src.training.trainer import Trainer, set_seed
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+def _projection_in_one_product(hidden, weight, labels, eps, rows=256):
+    """The output projection as the fp32 step runs it: one (N, V) product, then the loss."""
+    return loss.label_smoothed_cross_entropy(hidden @ weight.to(hidden.dtype).t(), labels, eps)
+
+
+# The bf16 CPU step's levers that `--without` switches off, each measured alone against the
+# step as shipped (docs/training_speed.md); the allocator is `--allocator system`.
+LEVERS = {
+    "packed-rows": lambda: mock.patch.object(Transformer, "packs_rows",
+                                             lambda self, device: False),  # the (B, T) grid
+    "chunked-loss": lambda: mock.patch.object(validation, "projected_cross_entropy",
+                                              _projection_in_one_product),
+}
+
+
+@contextmanager
+def levers_off(names: list[str]):
+    with ExitStack() as stack:
+        for name in names:
+            stack.enter_context(LEVERS[name]())
+        yield
 
 
 def cpu_name() -> str:
@@ -120,17 +148,25 @@ def main(
     out: Path = typer.Option(None, help="Append the rows as JSON lines here."),
     allocator: str = typer.Option("auto", help="As train.allocator: auto | tcmalloc | system "
                                   "(auto and tcmalloc restart the script on tcmalloc)."),
+    without: list[str] = typer.Option([], help="Switch a lever of the bf16 CPU step off, to "
+                                      f"measure it alone: {' | '.join(LEVERS)} (repeatable)."),
 ) -> None:
     overrides = {} if length_multiple < 0 else {"length_multiple": length_multiple}
     if allocator not in ALLOCATOR_CHOICES:
         raise typer.BadParameter(f"expected one of {', '.join(ALLOCATOR_CHOICES)}",
                                  param_hint="--allocator")
+    unknown = [name for name in without if name not in LEVERS]
+    if unknown:
+        raise typer.BadParameter(f"{', '.join(unknown)}: expected one of {', '.join(LEVERS)}",
+                                 param_hint="--without")
     use_allocator(allocator, sys.orig_argv)  # as the train stage does
     for _ in range(rounds):
         for name in precision:
-            row = run(name, steps, warmup, epoch, profile, threads, overrides, window)
+            with levers_off(without):
+                row = run(name, steps, warmup, epoch, profile, threads, overrides, window)
             row |= {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__,
-                    "epoch": epoch, "allocator": allocator_in_use()} | overrides
+                    "epoch": epoch, "allocator": allocator_in_use(), "without": without
+                    } | overrides
             print(json.dumps(row))
             if out:
                 with out.open("a") as fh:

@@ -3,8 +3,8 @@
 Reads docs/experiments.jsonl (rows appended by scripts/experiments.py) and the files of
 docs/benchmarks/ named in BENCHMARKS. Each table names the command behind its numbers, the CPU
 and the file they come from, by its full name. A file of several sittings ({"sittings": [...]},
-oldest first) gives the table of its last sitting, with the earlier sittings' figures beside it:
-a difference inside that spread is not a result.
+oldest first) keeps them all; the page shows the last one (training speed: the last one on each
+CPU).
 
     python scripts/results.py            # rewrite docs/results.md
     python scripts/results.py --check    # exit 1 if docs/results.md is out of date (CI runs it)
@@ -259,15 +259,31 @@ def sittings(data: dict) -> list[dict]:
 
 def short_cpu(cpu: str) -> str:
     """"Intel(R) Xeon(R) Processor (family 6 model 167), 2 cores, AMX" -> "Intel Xeon
-    (family 6 model 167)": which machine an earlier sitting ran on."""
+    (family 6 model 167)": a sitting's heading."""
     name = cpu.split(", ")[0].replace("(R)", "").replace(" Processor", "")
     return " ".join(name.split())
 
 
-def training_speed_by_precision(sitting: dict, earlier: list[dict] | tuple = (),
-                                source: str = "") -> list[str]:
-    """Peer and ours in fp32 and bf16 from one sitting; shares of each precision's own peak;
-    the same rows' figures in earlier sittings beside them."""
+def latest_by_cpu(all_sittings: list[dict]) -> list[dict]:
+    """The last sitting of each CPU, newest first: what today's code does on each kind of
+    machine (every sitting stays in its file)."""
+    latest = {one["cpu"]: one for one in all_sittings}  # later sittings overwrite earlier
+    return sorted(latest.values(), key=all_sittings.index, reverse=True)
+
+
+def training_speed_by_precision(all_sittings: list[dict], source: str = "") -> list[str]:
+    """Peer and ours in fp32 and bf16, one table for the last sitting on each CPU; shares of
+    each precision's own peak."""
+    lines = ["## Training speed by precision", "",
+             "The train stage beside the Hugging Face peer, one table for the last sitting on "
+             "each CPU, newest first."
+             + (f" Raw numbers, every sitting: {cite(source)}." if source else ""), ""]
+    for sitting in latest_by_cpu(all_sittings):
+        lines += speed_sitting(sitting)
+    return lines
+
+
+def speed_sitting(sitting: dict) -> list[str]:
     peak = sitting["matmul_peak_gflops"]
 
     def share(row: dict) -> str:
@@ -275,33 +291,17 @@ def training_speed_by_precision(sitting: dict, earlier: list[dict] | tuple = (),
         gflops = sitting["gflop_per_token"] * row["tokens_per_s"]
         return f"{gflops / peak[row['precision']]:.0%} of {peak[row['precision']]} GFLOP/s"
 
-    def peer_fp32(one: dict) -> int:
-        return next(r for r in one["rows"] if r["system"].endswith("peer")
-                    and r["precision"] == "fp32")["tokens_per_s"]
-
-    def kind(row: dict) -> tuple:
-        # "ours, again after the two-rank row" is the row "ours" run once more
-        return row["system"].split(",")[0], row["precision"], row["layout"]
-
-    def before(row: dict) -> str:
-        seen = [f"{r['tokens_per_s']:,} ({r['tokens_per_s'] / peer_fp32(one):.2f}x), "
-                f"`{one['commit']}` on {short_cpu(one['cpu'])}" for one in earlier
-                for r in one["rows"] if kind(r) == kind(row)]
-        return "; ".join(seen)
-
-    lines = ["## Training speed by precision", "",
-             f"{sitting['what']} CPU: {sitting['cpu']}; code at `{sitting['commit']}`. Matmul "
-             f"peaks: `{sitting['peak_command']}`."
-             + (f" Raw numbers, every sitting: {cite(source)}." if source else ""), ""]
+    peer_fp32 = next(r for r in sitting["rows"] if r["system"].endswith("peer")
+                     and r["precision"] == "fp32")["tokens_per_s"]
+    lines = [f"### {short_cpu(sitting['cpu'])}, code at `{sitting['commit']}`", "",
+             f"{sitting['what']} CPU: {sitting['cpu']}; {sitting['date']}. Matmul peaks: "
+             f"`{sitting['peak_command']}`.", ""]
     header = ["system", "precision", "ranks x threads", "command", "tokens/s", "x peer fp32",
               "share of the precision's matmul peak"]
     rows = [[r["system"], r["precision"], r["layout"],
              f"`{r['command']}`" + (f", {r['allocator']} malloc" if r.get("allocator") else ""),
-             f"{r['tokens_per_s']:,}", f"{r['tokens_per_s'] / peer_fp32(sitting):.2f}", share(r)]
+             f"{r['tokens_per_s']:,}", f"{r['tokens_per_s'] / peer_fp32:.2f}", share(r)]
             for r in sitting["rows"]]
-    if earlier:
-        header.append("earlier sittings: tokens/s (x peer fp32)")
-        rows = [row + [before(r)] for row, r in zip(rows, sitting["rows"])]
     return lines + table(header, rows)
 
 
@@ -423,7 +423,7 @@ def render(docs: Path = DOCS) -> str:
     lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), by_name,
                               BENCHMARKS["decoding"])
     speed = sittings(load_json(bench, BENCHMARKS["train_speed"]))
-    lines += training_speed_by_precision(speed[-1], speed[:-1], BENCHMARKS["train_speed"])
+    lines += training_speed_by_precision(speed, BENCHMARKS["train_speed"])
     lines += peer_quality(load_json(bench, BENCHMARKS["peer"]), BENCHMARKS["peer"])
     lines += translation_speed(load_json(bench, BENCHMARKS["infer"]), BENCHMARKS["infer"])
     lines += continuous_training(load_json(bench, BENCHMARKS["continuous"]),

@@ -129,24 +129,36 @@ def test_results_page_cites_every_file_it_reads(monkeypatch):
         assert f"`docs/benchmarks/{name}`" in page, name
 
 
-def test_results_table_shows_the_earlier_sittings_beside_the_last(tmp_path):
-    # A file of sittings renders its last one, each row with the same row's earlier figures.
+def test_results_show_the_last_training_sitting_of_each_cpu(tmp_path):
+    # Training speed: one table per CPU, its last sitting, newest first; earlier sittings on a
+    # CPU stay in the file only.
     results = load_script("results")
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
     path = docs / "benchmarks" / results.BENCHMARKS["train_speed"]
     data = json.loads(path.read_text())
-    last = json.loads(json.dumps(data["sittings"][-1]))
+    cpus = list(dict.fromkeys(one["cpu"] for one in data["sittings"]))
+    assert len(cpus) >= 2
+    last = json.loads(json.dumps(next(one for one in data["sittings"] if one["cpu"] == cpus[0])))
     last["commit"] = "abc1234"
     for row in last["rows"]:
         row["tokens_per_s"] = 1000 if row["system"].endswith("peer") else 1500
     data["sittings"].append(last)
     path.write_text(json.dumps(data))
     section = results.render(docs).split("## Training speed by precision")[1].split("\n## ")[0]
-    assert "code at `abc1234`" in section
-    ours_fp32 = next(line for line in section.splitlines() if line.startswith("| ours | fp32"))
+    tables = section.split("\n### ")[1:]
+    assert len(tables) == len(cpus)
+    assert tables[0].startswith(results.short_cpu(cpus[0]) + ", code at `abc1234`")
+    ours_fp32 = next(line for line in tables[0].splitlines() if line.startswith("| ours | fp32"))
     assert "| 1,500 | 1.50 |" in ours_fp32
-    assert "4,039 (1.13x), `8d46ed4`" in ours_fp32  # the sitting before it, beside it
+    earlier = [one for one in data["sittings"][:-1] if one["cpu"] == cpus[0]]
+    assert all(f"`{one['commit']}`" not in section for one in earlier)
+    headings = [text.splitlines()[0] for text in tables[1:]]
+    others = sorted((i, one["cpu"], one["commit"]) for i, one in enumerate(data["sittings"])
+                    if one["cpu"] != cpus[0] and one is data["sittings"][max(
+                        j for j, o in enumerate(data["sittings"]) if o["cpu"] == one["cpu"])])
+    assert headings == [f"{results.short_cpu(cpu)}, code at `{commit}`"  # newest first
+                        for _, cpu, commit in reversed(others)]
 
 
 def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
@@ -329,7 +341,7 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
     assert "ours bf16 / peer fp32 2.33x (target 1.6)" in sitting["note"]
     assert "ours bf16 / ours fp32 1.75x (target 1.3)" in sitting["note"]
     results = load_script("results")
-    rendered = "\n".join(results.training_speed_by_precision(sitting))
+    rendered = "\n".join(results.training_speed_by_precision([sitting]))
     assert "| ours | bf16 | 2 x 1 |" in rendered and "| 2.33 |" in rendered
 
 
@@ -456,3 +468,38 @@ def test_chained_products_are_a_chain(k, n):
     (got,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert got.shape == (3, n if kernels.PRODUCTS % 2 and n != k else k)
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=0)
+
+
+def test_the_train_step_benchmark_switches_one_lever_off_and_back(monkeypatch):
+    # `--without` measures a lever of the bf16 CPU step alone: inside levers_off the step runs
+    # without it, and afterwards as shipped again.
+    import torch
+
+    from src.data.batching import make_batch
+    from src.nmt.model import ModelConfig, Transformer
+    from src.training import loss as loss_module
+    from src.training.validation import token_loss
+
+    bench = load_script("benchmark_train_step")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32,
+                                    dropout=0.0)).train()
+    batch = make_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], max_positions=16)
+    chunked_calls = []
+    chunked = loss_module.ProjectedCrossEntropy.apply
+    monkeypatch.setattr(loss_module.ProjectedCrossEntropy, "apply",
+                        lambda *args: chunked_calls.append(1) or chunked(*args))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        shipped = token_loss(model, batch, 0.1)[0]
+        assert model.packs_rows(torch.device("cpu")) and len(chunked_calls) == 1
+        with bench.levers_off(["packed-rows", "chunked-loss"]):
+            assert not model.packs_rows(torch.device("cpu"))
+            one_product = token_loss(model, batch, 0.1)[0]
+            assert len(chunked_calls) == 1  # the projection ran as one product
+        assert model.packs_rows(torch.device("cpu"))
+        token_loss(model, batch, 0.1)
+        assert len(chunked_calls) == 2
+    assert one_product.item() == pytest.approx(shipped.item(), rel=2e-2)  # bf16 products
+    with pytest.raises(KeyError):
+        with bench.levers_off(["fused-everything"]):
+            pass
