@@ -503,3 +503,26 @@ def test_the_train_step_benchmark_switches_one_lever_off_and_back(monkeypatch):
     with pytest.raises(KeyError):
         with bench.levers_off(["fused-everything"]):
             pass
+
+
+def test_the_lever_table_of_training_speed_is_its_file():
+    # docs/training_speed.md's table of levers on the EPYC says what its file holds.
+    data = json.loads((REPO / "docs/benchmarks/train_levers_epyc_zen5.json").read_text())
+    page = (REPO / "docs/training_speed.md").read_text(encoding="utf-8")
+    section = page.split("## On an AVX-512 BF16 CPU without AMX")[1].split("\n## ")[0]
+    header, _, *lines = [line for line in section.splitlines() if line.startswith("|")]
+    variants = [cell.strip() for cell in header.strip("|").split("|")][1:]
+    seen = {}
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        for variant, cell in zip(variants, cells[1:]):
+            seen[int(cells[0]), variant] = cell
+    expected = {}
+    for row in data["rows"]:
+        shipped = next(r["tokens_per_s"] for r in data["rows"]
+                       if r["round"] == row["round"] and r["variant"] == "shipped")
+        cell = f"{row['tokens_per_s']:,.0f}"
+        if row["variant"] != "shipped":
+            cell += f" ({row['tokens_per_s'] / shipped - 1:+.1%})"
+        expected[row["round"], row["variant"]] = cell
+    assert seen == expected
