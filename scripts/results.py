@@ -267,8 +267,10 @@ def short_cpu(cpu: str) -> str:
 def latest_by_cpu(all_sittings: list[dict]) -> list[dict]:
     """The last sitting of each CPU, newest first: what today's code does on each kind of
     machine (every sitting stays in its file)."""
-    latest = {one["cpu"]: one for one in all_sittings}  # later sittings overwrite earlier
-    return sorted(latest.values(), key=all_sittings.index, reverse=True)
+    latest: dict[str, dict] = {}
+    for one in reversed(all_sittings):
+        latest.setdefault(one["cpu"], one)
+    return list(latest.values())
 
 
 def training_speed_by_precision(all_sittings: list[dict], source: str = "") -> list[str]:
