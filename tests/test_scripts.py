@@ -153,12 +153,12 @@ def test_results_show_the_last_training_sitting_of_each_cpu(tmp_path):
     assert "| 1,500 | 1.50 |" in ours_fp32
     earlier = [one for one in data["sittings"][:-1] if one["cpu"] == cpus[0]]
     assert all(f"`{one['commit']}`" not in section for one in earlier)
-    headings = [text.splitlines()[0] for text in tables[1:]]
-    others = sorted((i, one["cpu"], one["commit"]) for i, one in enumerate(data["sittings"])
-                    if one["cpu"] != cpus[0] and one is data["sittings"][max(
-                        j for j, o in enumerate(data["sittings"]) if o["cpu"] == one["cpu"])])
-    assert headings == [f"{results.short_cpu(cpu)}, code at `{commit}`"  # newest first
-                        for _, cpu, commit in reversed(others)]
+    seen, expected = {cpus[0]}, []
+    for one in reversed(data["sittings"]):  # each other CPU's last sitting, newest first
+        if one["cpu"] not in seen:
+            seen.add(one["cpu"])
+            expected.append(f"{results.short_cpu(one['cpu'])}, code at `{one['commit']}`")
+    assert [text.splitlines()[0] for text in tables[1:]] == expected
 
 
 def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
