@@ -1590,7 +1590,9 @@ def test_score_refuses_bad_pairs_in_one_line(project, tmp_path, content, fragmen
 def test_the_translation_speed_benchmark_times_every_system_on_the_same_sentences(project,
                                                                                tmp_path):
     """scripts/benchmark_infer.py (docs/results.md's speed table) end to end on the tiny model:
-    one row per system x beam x batch, each over the sentences asked for."""
+    one row per system x beam x batch, each over the sentences asked for, each system in a
+    process of its own (the ONNX ones refuse to time with torch imported), and the JSON names
+    the model and the CPU."""
     out = tmp_path / "infer_speed.json"
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/benchmark_infer.py"),
@@ -1598,10 +1600,13 @@ def test_the_translation_speed_benchmark_times_every_system_on_the_same_sentence
          "--onnx", str(project / "models/model.onnx"),
          "--int8", str(project / "models/model.int8.onnx"),
          "--data", str(project / "data/tokenized"), "--threads", "1", "--beams", "1,2",
-         "--batches", "1,4", "--n", "8", "--n1", "3", "--json", str(out)],
+         "--batches", "1,4", "--n", "8", "--n1", "3", "--json", str(out),
+         "--model-note", "the tiny test model"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "the tiny test model" and f"{os.cpu_count()} cores" in doc["machine"]
+    rows = doc["rows"]
     assert [(r["system"], r["beam"], r["batch"], r["sentences"]) for r in rows] == [
         (system, beam, batch, 3 if batch == 1 else 8)
         for system in ("torch-nocache", "torch-cache", "onnx", "int8")
