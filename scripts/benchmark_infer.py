@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -247,8 +248,8 @@ def main() -> None:
         for t in [max(threads)] if system in TORCH_SYSTEMS else threads:
             rows += timed_in_own_process(argv, system, t)
     if a.json:
-        write_json(a.json, rows, " ".join(["python", "scripts/benchmark_infer.py", *sys.argv[1:]]),
-                   a.model_note or str(a.model))
+        command = shlex.join(["python", "scripts/benchmark_infer.py", *sys.argv[1:]])
+        write_json(a.json, rows, command, a.model_note or str(a.model))
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in rows if r["system"] == "torch-nocache"}
     print("\n| system | threads | beam | batch | sent/s | tok/s | x torch-nocache | foreign CPU |")
     print("|---|---|---|---|---|---|---|---|")

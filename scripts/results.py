@@ -375,9 +375,10 @@ def translation_speed(speed: dict, source: str) -> list[str]:
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in speed["rows"]
             if r["system"] == "torch-nocache"}
     lines = ["## Translation speed", "",
-             f"{speed['what']}. `{speed['command']}` at `{speed['commit']}` on a 2-core CPU "
-             f"(its model was not recorded). Raw numbers: {cite(source)}. The engines of "
-             "today's default model, side by side: [engines.md](engines.md).", ""]
+             f"{speed['what']}, each system timed in a process of its own; the model: "
+             f"{speed['model']}. `{speed['command']}` at `{speed['commit']}`; CPU: "
+             f"{speed['machine']}; {speed['date']}. Raw numbers: {cite(source)}. Against "
+             "CTranslate2, text to text: [engines.md](engines.md).", ""]
     lines += table(
         ["system", "threads", "beam", "batch", "sent/s", "x PyTorch without cache"],
         [[r["system"], r["threads"], r["beam"], r["batch"], r["sent_s"],
