@@ -75,6 +75,10 @@ def run_row(root: Path, name: str, out: Path) -> dict:
         scores = {split: evaluate(root, split, model, out) for split in ("valid", "test")}
     finally:
         params.write_bytes(before)
+    searched = {scores[split]["beam_size"] for split in scores}
+    if searched != {beam}:  # the params file evaluate read was not the one written here
+        sys.exit(f"decoding_choices: row {name} asked for beam {beam}, evaluate searched with "
+                 f"{sorted(searched)}")
     return {"name": name, "what": what, "beam": beam, "length_penalty": length_penalty,
             "model": model, "valid_bleu": scores["valid"]["bleu"],
             "valid_chrf": scores["valid"]["chrf"], "test_bleu": scores["test"]["bleu"],

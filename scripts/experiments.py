@@ -12,9 +12,9 @@ killed sweep resumes.
     python scripts/experiments.py --rows short-base,short-ls0 --set download.url=../cmn-eng.zip
     python scripts/experiments.py --table      # print the table from the results file
 
-Training rows use a fixed, short number of steps, so they compare what each choice buys early in
-training, not converged quality. Decoding rows only re-run `evaluate`
-on the model already in the workspace.
+Short rows use a fixed number of steps, so they compare what each choice buys early in training,
+not converged quality; full rows train the whole recipe. Decoding choices on a trained model
+(beam, length penalty, checkpoint): scripts/decoding_choices.py.
 """
 
 from __future__ import annotations
@@ -45,13 +45,6 @@ SHORT = {"train.max_steps": "300", "train.warmup_steps": "150", "train.patience"
 
 # name -> (what it tests, overrides, stage target or None for the whole pipeline up to evaluate)
 ROWS: dict[str, tuple[str, dict[str, str], str]] = {
-    "greedy": ("default model, greedy", {"evaluate.beam_size": "1"}, "evaluate"),
-    "beam4-lp1.0": ("default model, beam 4, length penalty 1.0",
-                    {"evaluate.beam_size": "4", "evaluate.length_penalty": "1.0"}, "evaluate"),
-    "beam5-lp1.0": ("default model, beam 5, length penalty 1.0",
-                    {"evaluate.beam_size": "5", "evaluate.length_penalty": "1.0"}, "evaluate"),
-    "beam5-lp1.2": ("default model, beam 5, length penalty 1.2",
-                    {"evaluate.beam_size": "5", "evaluate.length_penalty": "1.2"}, "evaluate"),
     "short-base": ("short run: the default recipe", SHORT, "evaluate"),
     "short-ls0": ("short run: label smoothing 0", {**SHORT, "train.label_smoothing": "0"},
                   "evaluate"),

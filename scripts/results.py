@@ -33,8 +33,8 @@ BENCHMARKS = {
     "long": "long_translations.tsv",
 }
 
-# Rows of docs/experiments.jsonl by what they vary; anything else lands in "other rows".
-DECODING_ROWS = ("greedy", "beam4-lp1.0", "beam5-lp1.0", "beam5-lp1.2")
+# The significance level of the decoding rows' paired tests (scripts/compare.py's default).
+ALPHA = 0.05
 # Other directions and pairs, kept out of the en→zh ablation: a full run first, then smoke runs.
 PAIR_ROWS = ("full-zh-en", "zh-en", "en-vi")
 # The full row whose recipe is today's default (params.yaml), and pairs of rows that ran one
@@ -137,29 +137,30 @@ def default_run(runs: list[dict], source: str) -> list[str]:
     return lines
 
 
-def decoding_choices(decoding: dict, experiments: dict[str, dict], source: str) -> list[str]:
-    # The choices were measured on one trained model, which need not be today's default.
-    base = experiments[decoding["model_row"]]
+def decoding_choices(decoding: dict, source: str) -> list[str]:
+    rows = decoding["rows"]
+    default = rows[0]
+
+    def against_default(row: dict) -> str:
+        if row is default:
+            return "(the default)"
+        better = row["valid_bleu"] > default["valid_bleu"]
+        if row["valid_p_bleu"] >= ALPHA:
+            return f"no difference (p {row['valid_p_bleu']})"
+        return f"{'better' if better else 'worse'} (p {row['valid_p_bleu']})"
+
     lines = ["## Decoding and checkpoint choices", "",
-             f"On the model of the `{base['name']}` row ({base['what']}); test split unless "
-             "said otherwise; the commands decode whatever model the workspace holds. Raw "
-             f"numbers: {cite(source)} and `docs/experiments.jsonl`.", ""]
-    rows = [["beam 4, average of the 5 best epochs",
-             f"`scripts/experiments.py --rows {base['name']}`", base["bleu"], base["chrf"]]]
-    for name in DECODING_ROWS:
-        if name in experiments:
-            r = experiments[name]
-            rows.append([r["what"], f"`scripts/experiments.py --rows {name}`: {overrides(r)}",
-                         r["bleu"], r["chrf"]])
-    single = decoding["best_single_checkpoint"]
-    rows.append([f"best single checkpoint (epoch {single['epoch']})", f"`{single['command']}`",
-                 single["bleu"], single["chrf"]])
-    lines += table(["what", "command", "BLEU", "chrF"], rows)
-    lp = decoding["length_penalty_on_valid"]
-    lines += [f"Length penalty, tuned on the **valid** split (beam {lp['beam_size']}; "
-              f"`{lp['command']}`, {lp['note']}):", ""]
-    lines += table(["length penalty", "valid BLEU"],
-                   [[r["length_penalty"], r["bleu"]] for r in lp["rows"]])
+             f"On {decoding['model']}: `{decoding['command']}` at `{decoding['commit']}`; CPU: "
+             f"{decoding['machine']}; {decoding['date']}. Each row is `python -m src.evaluate` "
+             "with its search settings on the valid split, where choices are made (a paired "
+             "bootstrap test of its valid BLEU against the default's, `scripts/compare.py`, "
+             f"significance level {ALPHA}), and on the test split; sent/s is evaluate's "
+             f"PyTorch search on the test split. Raw numbers: {cite(source)}.", ""]
+    lines += table(["what", "beam", "length penalty", "model file", "valid BLEU",
+                    "on valid, against the default", "test BLEU", "test chrF", "sent/s"],
+                   [[r["what"], r["beam"], r["length_penalty"], f"`{r['model']}`",
+                     r["valid_bleu"], against_default(r), r["test_bleu"], r["test_chrf"],
+                     r["test_sent_s"]] for r in rows])
     return lines
 
 
@@ -423,8 +424,7 @@ def render(docs: Path = DOCS) -> str:
     ]
     lines += default_run(sittings(load_json(bench, BENCHMARKS["default"])),
                          BENCHMARKS["default"])
-    lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), by_name,
-                              BENCHMARKS["decoding"])
+    lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), BENCHMARKS["decoding"])
     speed = sittings(load_json(bench, BENCHMARKS["train_speed"]))
     lines += training_speed_by_precision(speed, BENCHMARKS["train_speed"])
     lines += peer_quality(load_json(bench, BENCHMARKS["peer"]), BENCHMARKS["peer"])

@@ -1612,3 +1612,35 @@ def test_the_translation_speed_benchmark_times_every_system_on_the_same_sentence
         for system in ("torch-nocache", "torch-cache", "onnx", "int8")
         for beam in (1, 2) for batch in (1, 4)]
     assert "| int8 | 1 | 2 | 4 |" in result.stdout  # the Markdown table results.md quotes
+
+
+def decoding_choices(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts/decoding_choices.py"),
+                           "--root", str(project), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_the_decoding_choices_search_as_each_row_says_and_leave_params_as_they_were(project,
+                                                                                  tmp_path):
+    """scripts/decoding_choices.py (docs/results.md's decoding table) on the tiny model: the
+    default row first, each row's beam the one evaluate searched with on both splits, a paired
+    test for every row but the default, and the project's params.yaml byte for byte after."""
+    params = project / "params.yaml"
+    before = params.read_bytes()
+    out = tmp_path / "decoding.json"
+    result = decoding_choices(project, "--rows", "greedy,beam5", "--json", str(out),
+                              "--model-note", "the tiny test model")
+    assert result.returncode == 0, result.stderr
+    assert params.read_bytes() == before
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "the tiny test model"
+    assert [(r["name"], r["beam"], "valid_p_bleu" in r) for r in doc["rows"]] == [
+        ("default", 4, False), ("greedy", 1, True), ("beam5", 5, True)]
+
+
+def test_the_decoding_choices_refuse_a_missing_checkpoint_before_evaluating(project, tmp_path):
+    out = tmp_path / "decoding.json"
+    result = decoding_choices(project, "--rows", "best-checkpoint", "--json", str(out))
+    assert result.returncode == 2
+    assert "models/checkpoints/best.pt not found" in result.stderr.strip().splitlines()[-1]
+    assert not out.exists()

@@ -34,10 +34,10 @@ def test_experiment_row_puts_back_the_users_params(tmp_path, monkeypatch, fails)
     results = tmp_path / "rows.jsonl"
     if fails:
         with pytest.raises(subprocess.CalledProcessError):
-            experiments.run_row("greedy", {}, results, root=tmp_path)
+            experiments.run_row("short-base", {}, results, root=tmp_path)
         assert not results.exists()
     else:
-        row = experiments.run_row("greedy", {}, results, root=tmp_path)
+        row = experiments.run_row("short-base", {}, results, root=tmp_path)
         assert json.loads(results.read_text()) == row
     assert params.read_bytes() == edited
     assert [c[:3] for c in commands] == [["dvc", "exp", "run"]]  # no git command, ever
