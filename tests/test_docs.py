@@ -40,3 +40,14 @@ def test_every_cited_benchmark_file_exists():
     missing = sorted(f"{page}: {name}" for page, text in pages().items()
                      for name in cited(text) if not (BENCHMARKS / name).is_file())
     assert missing == []
+
+
+def test_the_confidence_figures_of_serving_md_are_those_of_main_dvc_lock():
+    """docs/serving.md quotes the confidence of the model main's dvc.lock records: when a new
+    run's evaluation is committed, the page must follow it."""
+    import json
+
+    stats = json.loads((REPO / "data/eval/stats.json").read_text(encoding="utf-8"))
+    page = (REPO / "docs/serving.md").read_text(encoding="utf-8")
+    assert f"confidence AUROC **{stats['confidence_auroc']:.3f}**" in page
+    assert f"catches **{stats['review_catch_10']:.1%}** of the worst 10%" in page
