@@ -100,8 +100,11 @@ class Ct2Engine:
         results = self.translator.translate_batch(tokens, **(options | extra))
         if self.force_length:
             check_lengths([len(r.hypotheses[0]) for r in results], self.force_length)
-        # As our decoders do: drop stray byte pieces, so both engines are scored alike.
-        return [drop_broken_bytes(self.target.decode(r.hypotheses[0])) for r in results]
+        # As our decoders do: every hypothesis of an n-best list to text (ours returns each),
+        # stray byte pieces dropped, so both engines do and are scored alike.
+        texts = [[drop_broken_bytes(self.target.decode(h)) for h in r.hypotheses]
+                 for r in results]
+        return [hypotheses[0] for hypotheses in texts]
 
     def limit(self) -> int:
         return int(self.meta["max_source_tokens"])

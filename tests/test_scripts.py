@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import load_script
@@ -272,6 +273,7 @@ def test_compare_refuses_translations_of_different_splits(tmp_path):
 FAKE_TRAIN = """
 import json, os, sys
 from pathlib import Path
+from types import SimpleNamespace
 import yaml
 root = Path(os.environ["NMT_ROOT"])
 assert os.environ["NMT_TRACKING"] == "off"
@@ -394,6 +396,35 @@ def test_engine_benchmark_times_each_engine_in_a_process_of_its_own(tmp_path, mo
     assert first["modules"] == [] and second["modules"] == []  # no torch, no engine runtime
     assert set(first["seconds"]) == {"1,1", "4,2"}
     assert first["outputs"]["4,2"] == ["ONE TWO", "THREE", "FOUR FIVE SIX"]
+
+
+def test_ctranslate2_in_the_engine_benchmark_turns_every_hypothesis_into_text():
+    """With --n-best ours returns each hypothesis as text; CTranslate2's side decoded only the
+    first of each list, so its clock held less work than ours."""
+    bench = load_script("benchmark_engines")
+    decoded = []
+
+    class Pieces:  # the SentencePiece models of either side
+        def encode(self, line, out_type):
+            return line.split()
+
+        def decode(self, pieces):
+            decoded.append(pieces)
+            return "".join(pieces)
+
+    class Translator:  # ctranslate2.Translator: 4 hypotheses a sentence
+        def translate_batch(self, tokens, **options):
+            return [SimpleNamespace(hypotheses=[["a"], ["b"], ["c"], ["d"]]) for _ in tokens]
+
+    engine = object.__new__(bench.Ct2Engine)
+    vars(engine).update(
+        source=Pieces(), target=Pieces(), translator=Translator(), eos_piece="</s>",
+        meta={"max_length_ratio": "2.0", "max_output_tokens": "50", "max_source_tokens": "20",
+              "length_penalty": "1.0"},
+        n_best=4, scores=True, force_length=None, target_pieces=[], options=lambda *_: {})
+    assert engine.run(["x y", "z"], 4) == ["a", "a"]
+    assert sorted(map(tuple, decoded)) == [("a",), ("a",), ("b",), ("b",), ("c",), ("c",),
+                                            ("d",), ("d",)]
 
 
 def test_engine_benchmark_pairs_passes_without_and_with_scores(tmp_path, monkeypatch):
