@@ -180,7 +180,8 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def timed_in_own_process(argv: list[str], system: str, threads: int) -> list[dict]:
-    """Re-runs this script as the worker of one system at one thread count."""
+    """Re-runs this script, with the command line it was given, as the worker of one system at
+    one thread count (argparse keeps the last --threads)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         subprocess.run([sys.executable, __file__, *argv, "--worker", system,
@@ -236,17 +237,13 @@ def main() -> None:
     threads = [int(t) for t in a.threads.split(",")]
     print(f"# cpu_count={os.cpu_count()}; load average before {os.getloadavg()[0]:.2f}",
           flush=True)
-    argv = [arg for pair in [("--model", a.model), ("--onnx", a.onnx), ("--int8", a.int8),
-                             ("--data", a.data), ("--batches", a.batches),
-                             ("--beams", a.beams), ("--n", a.n), ("--n1", a.n1),
-                             ("--max-seconds", a.max_seconds)] for arg in map(str, pair)]
     rows = []
     for system in systems:
         if system == "int8" and not a.int8.exists():
             print(f"# skipping int8: {a.int8} not found (export.quantize: false?)")
             continue
         for t in [max(threads)] if system in TORCH_SYSTEMS else threads:
-            rows += timed_in_own_process(argv, system, t)
+            rows += timed_in_own_process(sys.argv[1:], system, t)
     if a.json:
         command = shlex.join(["python", "scripts/benchmark_infer.py", *sys.argv[1:]])
         write_json(a.json, rows, command, a.model_note or str(a.model))

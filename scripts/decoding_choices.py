@@ -103,8 +103,7 @@ def main() -> None:
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
-    missing = sorted({ROWS[n][3] for n in names} - {m for m in (AVERAGED, BEST)
-                                                    if (a.root / m).is_file()})
+    missing = sorted({ROWS[n][3] for n in names if not (a.root / ROWS[n][3]).is_file()})
     if missing:
         p.error(f"{', '.join(missing)} not found under {a.root}: train first, or leave out "
                 "the rows that need it")
