@@ -62,7 +62,8 @@ def main(
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".download.") as tmp_dir, \
                 atomic_dir(out_dir) as new_dir:
-            corpora = [write_source(spec, cfg, pair, Path(tmp_dir), new_dir / f"{spec.name}.tsv")
+            corpus_files = {spec.name: new_dir / f"{spec.name}.tsv" for spec in cfg.corpus_list()}
+            corpora = [write_source(spec, cfg, pair, Path(tmp_dir), corpus_files[spec.name])
                        for spec in cfg.corpus_list()]
             test = fetch_corpus(cfg.test_url, cfg, pair, Path(tmp_dir)) if cfg.test_url else None
             if test:
@@ -70,7 +71,8 @@ def main(
             if cfg.test_sets:
                 (new_dir / paths.RAW_TEST_SETS.name).mkdir()
             test_sets = [write_source(spec, cfg, pair, Path(tmp_dir),
-                                      new_dir / paths.RAW_TEST_SETS.name / f"{spec.name}.tsv")
+                                      new_dir / paths.RAW_TEST_SETS.name / f"{spec.name}.tsv",
+                                      corpus_files)
                          for spec in cfg.test_sets]
         info = {"corpora": corpora, "test": test["info"] if test else None,
                 "test_sets": test_sets}
@@ -80,14 +82,18 @@ def main(
                         | {"test_lines": test["info"]["corpus_lines"] if test else 0})
         run.set_tags({f"{c['name']}_sha256": c["corpus_sha256"] for c in corpora}
                      | {f"{c['name']}_hub_commit": c["hub"]["commit"] for c in corpora
-                        if "hub" in c})
+                        if "hub" in c}
+                     | {f"{c['name']}_license": c["license"] for c in [*corpora, *test_sets]
+                        if "license" in c})
         run.log_sources(corpora)
         run.log_sources(test_sets, context="evaluation")
     for corpus in corpora:
         print(f"wrote {out_dir / corpus['name']}.tsv ({corpus['corpus_lines']:,} lines, "
               f"{corpus['corpus_bytes']:,} bytes, sha256 {corpus['corpus_sha256'][:12]}…)"
               + (f" from {corpus['hub']['id']} at commit {corpus['hub']['commit'][:12]}"
-                 if "hub" in corpus else ""))
+                 if "hub" in corpus else "")
+              + (f": {dictionary_summary(corpus['dictionary'])}; licence {corpus['license']}"
+                 if "dictionary" in corpus else ""))
     if test:
         print(f"wrote {out_dir / paths.RAW_TEST.name} ({test['info']['corpus_lines']:,} lines)")
     for named in test_sets:
@@ -97,6 +103,16 @@ def main(
            for spec, one in zip(specs, written)):
         print("note: a Hub branch or tag was read at the commit above; dvc repro does not see "
               "the branch move until its revision param changes (pin the commit to be sure)")
+
+
+def dictionary_summary(counts: dict[str, int]) -> str:
+    """One line: entries read, pairs kept and what each filter dropped (src/data/cedict.py)."""
+    dropped = ", ".join(f"{n:,} {why.removeprefix('dropped_').replace('_', ' ')}"
+                        for why, n in counts.items() if why.startswith("dropped_") and n)
+    return (f"{counts['pairs']:,} pairs from {counts['entries']:,} entries; glosses dropped: "
+            f"{dropped or 'none'}; {counts['explanations_cut']:,} kept without their "
+            f"parenthesised explanation; {counts['no_chinese_headword']:,} entries without a "
+            "Chinese headword")
 
 
 def shown_spec(spec: CorpusSpec | TestSetSpec) -> dict:

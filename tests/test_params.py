@@ -209,7 +209,7 @@ def test_a_plain_url_is_the_corpus_list_of_one_named_corpus():
     assert (only.name, only.url, only.member, only.sha256) == ("corpus", "data/c.zip", "c.txt",
                                                                digest)
     corpora = [{"name": "a", "url": "a.tsv"}, {"name": "b", "url": "b.tsv", "weight": 2}]
-    mixed = data | {"url": "", "member": "", "sha256": "", "corpora": corpora}
+    mixed = data | {"url": "", "member": "", "sha256": "", "corpora": corpora, "test_sets": []}
     assert [c.name for c in DownloadParams(**mixed).corpus_list()] == ["a", "b"]
 
 

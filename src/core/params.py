@@ -120,11 +120,18 @@ class CorpusSpec(Entry):
     weight: float = Field(1.0, gt=0)
     max_pairs: int = Field(0, ge=0)  # > 0: a seeded sample of this many lines, in corpus order
     seed: int = 0  # the sample's seed
+    # tsv: a corpus of pairs; cedict: CC-CEDICT's text (plain or gzip), each English gloss
+    # paired with its simplified headword (src/data/cedict.py), sha256 then pins that file
+    format: Literal["tsv", "cedict"] = "tsv"
+    max_gloss_words: int = Field(5, ge=1)  # cedict: longer glosses are explanations, dropped
 
     @model_validator(mode="after")
     def _one_source(self):
         if bool(self.url) == bool(self.hub):
             raise ValueError(f"corpus '{self.name}' needs exactly one source: url or hub")
+        if self.format == "cedict" and "{lang}" in self.url:
+            raise ValueError(f"corpus '{self.name}': a cedict dictionary is one file, not one "
+                             "per language ({lang})")
         if self.name == "test":
             raise ValueError("'test' names the predefined test set; call the corpus otherwise")
         if self.hub and (self.member or self.sha256):
@@ -143,6 +150,12 @@ class TestSetSpec(Entry):
     hub: HubSource | None = None
     sacrebleu: str = ""
     member: str = ""  # file inside a zip url
+    # tsv: pairs as they are; hsk: the HSK sentence set's JSON (src/data/hsk.py), its `part`
+    # (dev or test) without the rows whose side the corpus `unseen_in` holds
+    format: Literal["tsv", "hsk"] = "tsv"
+    part: Literal["", "dev", "test"] = ""
+    unseen_in: str = ""  # hsk: a corpus name of download.corpora ("corpus" for download.url)
+    sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")  # tsv: the TSV; hsk: the JSON file
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -152,6 +165,14 @@ class TestSetSpec(Entry):
                              f"sacrebleu (got {', '.join(given) or 'none'})")
         if self.name == "test":
             raise ValueError("'test' names the test split; call the test set otherwise")
+        if self.sha256 and not self.url:
+            raise ValueError(f"test set '{self.name}': sha256 pins a url source")
+        if self.format == "hsk":
+            if not self.url or not self.part:
+                raise ValueError(f"test set '{self.name}': format hsk reads a url and needs "
+                                 "part: dev or test")
+        elif self.part or self.unseen_in:
+            raise ValueError(f"test set '{self.name}': part and unseen_in are for format hsk")
         return self
 
 
@@ -182,6 +203,11 @@ class DownloadParams(Section):
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
                 raise ValueError(f"two {what} are named '{twice[0]}'; names must be unique")
+        corpus_names = [c.name for c in self.corpus_list()]
+        for spec in self.test_sets:
+            if spec.unseen_in and spec.unseen_in not in corpus_names:
+                raise ValueError(f"test set '{spec.name}': unseen_in names no corpus (the "
+                                 f"corpora: {', '.join(corpus_names)})")
         return self
 
     def corpus_list(self) -> list[CorpusSpec]:

@@ -204,7 +204,8 @@ class MlflowRun(NullRun):
         after it, whose source says where it came from: the Hub id, config, split and the
         commit read, or the URL; its digest is the sha256 of the TSV written. The repro's
         parent run gets them too, so the runs table's Dataset column tells two runs' data
-        apart."""
+        apart. A source's licence and attribution (a dictionary's, a wheel's) are tags of its
+        input."""
         from mlflow.data.http_dataset_source import HTTPDatasetSource
         from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
         from mlflow.data.meta_dataset import MetaDataset
@@ -221,8 +222,12 @@ class MlflowRun(NullRun):
                 source = HTTPDatasetSource(corpus["urls"][0])
             dataset = MetaDataset(source, name=corpus["name"],
                                   digest=corpus["corpus_sha256"][:12])
-            inputs.append(DatasetInput(dataset._to_mlflow_entity(),
-                                       [InputTag("mlflow.data.context", context)]))
+            tags = [InputTag("mlflow.data.context", context)]
+            if "license" in corpus:  # a licence that binds what is made of the data
+                tags += [InputTag("license", corpus["license"]),
+                         *([InputTag("attribution", corpus["attribution"])]
+                           if "attribution" in corpus else [])]
+            inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags))
         for run_id in filter(None, (self._run_id, self._parent_id)):
             self._client.log_inputs(run_id, datasets=inputs)
 

