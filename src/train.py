@@ -5,11 +5,14 @@ vocabulary is shared come from models/tokenizer/tokenizer.json. AdamW with linea
 inverse-sqrt or cosine decay, label smoothing, gradient clipping and accumulation, token-count
 batches, an optional training-time budget (`train.max_minutes`). After each epoch the valid split
 is scored (loss, and greedy BLEU when `train.select_by: bleu`); that score drives early
-stopping, best.pt and which epochs are averaged. Every `checkpoint_every_steps` and at each epoch
-end `models/checkpoints/last.pt` (weights, optimizer, scheduler, step, RNG) is written
-atomically, and a Ctrl-C or SIGTERM writes it at the step it stops after, so a stopped or
-killed run resumes where it stopped when started again with the same params and data. The
-final `models/model.pt` averages the `train.average_best` best epoch checkpoints (by the
+stopping, best.pt and which epochs are averaged. After its first `train.log_every_steps` steps
+the run prints how long it will take (the steps left at the pace so far, epochs in both
+directions counted at their length, plus the validations, said again once the first is timed),
+and every progress line gives the run's ETA beside the epoch's. Every `checkpoint_every_steps`
+and at each epoch end `models/checkpoints/last.pt` (weights, optimizer, scheduler, step, RNG)
+is written atomically, and a Ctrl-C or SIGTERM writes it at the step it stops after, so a
+stopped or killed run resumes where it stopped when started again with the same params and
+data. The final `models/model.pt` averages the `train.average_best` best epoch checkpoints (by the
 selection score), so no test sentence ever picks a checkpoint. Its valid BLEU, the
 training minutes and tokens/s are the DVC metrics (models/train_metrics.json); the rest of the
 summary goes to models/train_stats.json, and MLflow gets both plus CPU/memory system metrics.

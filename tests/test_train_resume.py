@@ -3,7 +3,9 @@ ends; a params change never deletes checkpoints; a corrupt last.pt is named."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -146,7 +148,9 @@ def test_resume_at_max_steps_takes_no_extra_step(tokenized_root, uninterrupted, 
 
 def test_raising_epochs_continues_a_finished_run(tokenized_root, uninterrupted, tmp_path):
     """train.epochs does not shape the trajectory (inverse-sqrt schedule): 3 epochs, then
-    epochs: 4 resumes at epoch 4 and keeps every checkpoint, instead of wiping them."""
+    epochs: 4 resumes at epoch 4 and keeps every checkpoint, instead of wiping them. Its
+    estimate, at the first progress line (every 5 steps) after 5 steps of its own, covers
+    what is left: the rest of epoch 4 and two validations (epoch 4's, the averaged model's)."""
     root = fresh_copy(tokenized_root, tmp_path / "r")
     shutil.copytree(uninterrupted / "models/checkpoints", root / "models/checkpoints")
     params = (root / "params.yaml").read_text().replace("epochs: 3", "epochs: 4")
@@ -157,6 +161,12 @@ def test_raising_epochs_continues_a_finished_run(tokenized_root, uninterrupted, 
     assert "used 1" in result.stderr  # the thread change is said, not hidden
     metrics = (root / "models/train_stats.json").read_text()
     assert '"epochs": 4' in metrics and '"threads": 2' in metrics
+    resumed_at = int((root / "models/valid_curve.csv").read_text().splitlines()[3].split(",")[1])
+    estimated_at = (resumed_at + 5 + 4) // 5 * 5  # the first multiple of 5 from resumed_at + 5
+    left = json.loads(metrics)["steps"] - estimated_at
+    # epoch 4 is in both directions while the committed train.bidirectional_epochs is above 3
+    assert re.search(rf"left for epoch 4( \(both ways\))?: {left} steps at .* \+ 2 validations, "
+                     "not timed yet", result.stdout), result.stdout
 
 
 def test_a_kill_leaves_no_temporary_checkpoint_files(tokenized_root, tmp_path):

@@ -576,16 +576,13 @@ def test_the_train_curve_ends_at_the_last_step():
     assert train_curve_rows(TrainState(), lr=0.0) == []
 
 
-def test_a_log_that_is_not_a_terminal_gets_a_progress_line_with_the_epochs_eta():
+def test_a_log_that_is_not_a_terminal_gets_a_progress_line_with_the_epochs_and_runs_eta():
     from src.training.loop import progress_line
 
-    # 300 of 1,000 batches, 250 of them run in this process in 50 s: 700 left at 0.2 s each
-    line = progress_line(1_200, "3/64", 300, 1_000, 4.56789, 5_432.4, 50.0, 250)
+    line = progress_line(1_200, "3/64", 300, 1_000, 4.56789, 5_432.4, "2 min 20 s",
+                         "3 h 41 min")
     assert line == ("train: step 1,200, epoch 3/64 batch 300/1,000, loss 4.568, 5,432 tok/s, "
-                    "epoch ETA 2 min 20 s")
-    # resumed at batch 300, nothing run here yet: no pace to go by
-    assert progress_line(1_200, "3/64", 300, 1_000, 4.5, 0.0, 0.0, 0).endswith(
-        "epoch ETA unknown")
+                    "epoch ETA 2 min 20 s, run ETA 3 h 41 min")
 
 
 class ProductShapes(TorchDispatchMode):

@@ -218,7 +218,8 @@ def train(
         run.log_metrics({"n_parameters": n_params, "threads": threads,
                          "world_size": world.size, "global_batch_tokens": global_batch})
         selection = run_training(
-            trainer, corpus, score_valid, run, model.max_positions, checkpoint_every_steps
+            trainer, corpus, score_valid, run, model.max_positions, checkpoint_every_steps,
+            (schedule.steps_both_ways, schedule.steps_per_epoch)
         )
         if not world.is_main:
             return

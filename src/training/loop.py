@@ -1,7 +1,7 @@
-"""The epoch loop: batches each epoch, steps, logs the curve, validates after every epoch,
-records the epoch for selection, and stops on the epoch count, `train.patience` or a budget. A
-Ctrl-C or SIGTERM waits for the step it arrives in and saves last.pt there, so a stopped run
-resumes bit for bit."""
+"""The epoch loop: batches each epoch, steps, logs the curve and the run's estimate, validates
+after every epoch, records the epoch for selection, and stops on the epoch count,
+`train.patience` or a budget. A Ctrl-C or SIGTERM waits for the step it arrives in and saves
+last.pt there, so a stopped run resumes bit for bit."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import signal
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 from rich.console import Console
@@ -25,6 +26,7 @@ from src.data.batching import (
     steps_in_epoch,
     token_batches,
 )
+from src.training.estimate import Pace, RunEstimate, budget, epoch_steps_left, work_left
 from src.training.resume import TrainState
 from src.training.selection import EpochSelection
 from src.training.trainer import Trainer
@@ -42,6 +44,7 @@ def progress_bar(show: bool = True) -> Progress:
         TimeElapsedColumn(),
         TextColumn(
             "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:,.0f} tok/s"
+            " run ETA {task.fields[run_eta]}"
         ),
         disable=not (show and console.is_terminal),
         # A line printed to a file or pipe is never wrapped (rich wraps at 80 columns there),
@@ -51,18 +54,47 @@ def progress_bar(show: bool = True) -> Progress:
 
 
 def progress_line(step: int, epoch: str, done: int, usable: int, loss: float, tps: float,
-                  epoch_seconds: float, epoch_batches_done: int) -> str:
+                  epoch_eta: str, run_eta: str) -> str:
     """The line a log that is not a terminal gets every `train.log_every_steps` steps, where
-    rich's bar shows nothing: step, loss, tokens/s and the epoch's ETA, from the pace of the
-    batches this epoch has run so far in this process (`epoch_batches_done` of them in
-    `epoch_seconds`; none yet: no ETA)."""
-    if epoch_batches_done > 0:
-        left = (usable - done) * epoch_seconds / epoch_batches_done
-        eta = f"epoch ETA {int(left // 60)} min {int(left % 60):02d} s"
-    else:
-        eta = "epoch ETA unknown"
+    rich's bar shows nothing: step, loss, tokens/s, and the epoch's and the run's ETA."""
     return (f"train: step {step:,}, epoch {epoch} batch {done:,}/{usable:,}, loss {loss:.3f}, "
-            f"{tps:,.0f} tok/s, {eta}")
+            f"{tps:,.0f} tok/s, epoch ETA {epoch_eta}, run ETA {run_eta}")
+
+
+@dataclass
+class RunClock:
+    """This process's measurements behind the run's estimate: the step, training seconds and
+    tokens it started at, and how long each epoch end it saw took (validation, the epoch's
+    checkpoint saves, building the next epoch's batches).
+
+    The pace is the mean over every step this process has taken, not a recent window: token
+    batches of long and short sentences alternate, so a window of `log_every_steps` steps
+    jumps by tens of percent from line to line, while the mean settles; a resumed run
+    measures afresh (it may run on other threads or another machine)."""
+
+    start: tuple[int, float, int]  # step, train_seconds, tokens_seen
+    epoch_ends: list[float] = field(default_factory=list)
+
+    @classmethod
+    def at(cls, st: TrainState) -> RunClock:
+        return cls((st.step, st.train_seconds, st.tokens_seen))
+
+    def pace(self, st: TrainState) -> Pace:
+        step, seconds, tokens = self.start
+        return Pace(st.step - step, st.train_seconds - seconds, st.tokens_seen - tokens,
+                    len(self.epoch_ends), sum(self.epoch_ends))
+
+    def estimate(self, cfg: TrainParams, st: TrainState, usable: int, span: int,
+                 epoch_lengths: tuple[int, int]) -> RunEstimate:
+        """What is left from here: the epoch in progress (`usable` batches, `span` a step),
+        the later epochs at `epoch_lengths` steps (in both directions, in one), up to the
+        epoch count or the budget that binds first."""
+        pace = self.pace(st)
+        cap = budget(st.step, st.train_seconds, cfg.max_steps, cfg.max_minutes,
+                     pace.seconds_per_step)
+        epochs = epoch_steps_left(st.epoch, math.ceil((usable - st.batch_in_epoch) / span),
+                                  cfg.epochs, cfg.bidirectional_epochs, *epoch_lengths)
+        return RunEstimate(work_left(epochs, cap), pace, st.epoch + 1)
 
 
 def run_training(
@@ -72,7 +104,10 @@ def run_training(
     run,
     max_positions: int,
     checkpoint_every_steps: int,
+    epoch_lengths: tuple[int, int],
 ) -> EpochSelection:
+    """`epoch_lengths`: the steps of an epoch in both directions and of one in one direction,
+    as counted at start-up, for the run's estimate."""
     cfg, world = trainer.cfg, trainer.world
     st = trainer.state
     selection = EpochSelection(trainer.store.dir, st, cfg.average_best, cfg.patience,
@@ -81,18 +116,25 @@ def run_training(
     span = batches_per_step(cfg.accumulation_steps, world.size)
     dvc_gone = dvc_run.dvc_parent_gone()
     window_tokens, window_start = 0, time.perf_counter()
+    clock, estimated, epoch_ended = RunClock.at(st), False, None
     with progress_bar(show=world.is_main) as bar:
         say = bar.console.print if world.is_main else (lambda *a, **k: None)
         # nohup, CI, DVC: the bar draws nothing there, so a line every log_every_steps steps
         log_lines = world.is_main and not bar.console.is_terminal
-        task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0)
+        task = bar.add_task("train", total=None, epoch=1, loss=0.0, lr=0.0, tps=0.0,
+                            run_eta="unknown")
         while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
             pairs, target_tokens, epoch_batches, usable = epoch_plan(
                 corpus, st.epoch, cfg, world.size, max_positions)
+            if epoch_ended is not None:
+                clock.epoch_ends.append(time.perf_counter() - epoch_ended)
+                if estimated and len(clock.epoch_ends) == 1:
+                    # the estimate said so far left validation out: now one is timed
+                    estimate = clock.estimate(cfg, st, usable, span, epoch_lengths)
+                    say(estimate.line(cfg.bidirectional_epochs, cfg.patience))
             epoch_label = f"{st.epoch + 1}/{cfg.epochs}"
             bar.update(task, total=usable, completed=st.batch_in_epoch, epoch=epoch_label)
             step_start = time.perf_counter()
-            epoch_start = (st.train_seconds, st.batch_in_epoch)  # this process's share of it
             # The budget is checked before a step, so a resumed run never takes one too many.
             while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
                 if dvc_gone():  # `kill <dvc pid>`: stop as the signal would have (checkpoint kept)
@@ -128,16 +170,22 @@ def run_training(
                         run.log_metrics(
                             {"train_loss": loss, "lr": lr, "tokens_per_s": tps}, step=st.step
                         )
-                        bar.update(task, tps=tps)
-                        if log_lines:
-                            say(progress_line(st.step, epoch_label,
-                                              st.batch_in_epoch, usable, loss, tps,
-                                              st.train_seconds - epoch_start[0],
-                                              st.batch_in_epoch - epoch_start[1]))
+                        if world.is_main:
+                            estimate = clock.estimate(cfg, st, usable, span, epoch_lengths)
+                            # once this process has taken a log interval's steps
+                            if not estimated and estimate.pace.steps >= cfg.log_every_steps:
+                                say(estimate.line(cfg.bidirectional_epochs, cfg.patience))
+                                estimated = True
+                            bar.update(task, tps=tps, run_eta=estimate.eta())
+                            if log_lines:
+                                say(progress_line(st.step, epoch_label, st.batch_in_epoch,
+                                                  usable, loss, tps, estimate.epoch_eta(),
+                                                  estimate.eta()))
                     bar.update(task, completed=st.batch_in_epoch, loss=loss, lr=lr)
                     if st.step % checkpoint_every_steps == 0:
                         trainer.save_last()
                         failpoints.hit("after_periodic_save")
+            epoch_ended = time.perf_counter()
             end_epoch(trainer, score_valid, selection, run, say)
             reason = stop_reason(cfg, st, selection)
             if reason and st.epoch < cfg.epochs:
