@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from helpers import REPO, assert_one_line_error, run_stage, scratch_root
 from toy_corpus import toy_pairs
 
-from src.core.special_ids import PAD
+from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.data.batching import clip_source, make_batch, pad
 from src.data.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
 from src.graph import onnx_graph
@@ -149,6 +149,44 @@ def session(path: Path):
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
+def forced_log_probs(model: Transformer, source: list[int], tokens: list[int]) -> torch.Tensor:
+    """(len(tokens), V) log-probabilities of the fp32 model, `tokens` fed in after BOS (teacher
+    forcing), PAD, BOS and UNK at -inf as the searches mask them."""
+    with torch.no_grad():
+        logits = model(torch.tensor([source]), torch.tensor([[BOS] + tokens[:-1]]))[0].float()
+    logits[:, list(BANNED)] = float("-inf")
+    return torch.log_softmax(logits, dim=-1)
+
+
+def ended(ids: list[int], max_len: int) -> list[int]:
+    """A hypothesis's tokens as the search generated them: with its EOS when it ended before
+    `max_len`; one of `max_len` tokens was cut there (an EOS would have been token max_len + 1)."""
+    return ids + [EOS] if len(ids) < max_len else ids
+
+
+def forced_score(model: Transformer, source: list[int], ids: list[int], max_len: int,
+                 length_penalty: float) -> float:
+    """PyTorch's score of the hypothesis `ids` (no BOS, no EOS) of one source row, whichever
+    search found it: src.nmt.search's sum(log p) / length**length_penalty, length its tokens + 1
+    (its EOS, whose log p counts, or the limit it was cut at: 30ee771)."""
+    tokens = ended(ids, max_len)
+    if not tokens:  # max_len 0: nothing generated, as the search scores it
+        return 0.0
+    logp = forced_log_probs(model, source, tokens)
+    total = float(logp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
+    return total / (len(ids) + 1) ** length_penalty
+
+
+def parting_gap(model: Transformer, source: list[int], a: list[int], b: list[int],
+                max_len: int) -> float:
+    """Two different greedy hypotheses of one source: how far apart the fp32 model puts the two
+    tokens at the first position where they part (EOS counted), given the prefix they share."""
+    a, b = ended(a, max_len), ended(b, max_len)
+    j = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    logp = forced_log_probs(model, source, a[: j + 1])[j]
+    return abs(float(logp[a[j]] - logp[b[j]]))
+
+
 def test_export_writes_a_verified_single_file(project):
     metrics = json.loads((project / "models/export_stats.json").read_text())
     assert metrics["parity_sentences"] == 60 and metrics["test_sentences"] == 80
@@ -213,6 +251,20 @@ def test_int8_decoder_multiplies_every_weight_in_integers(project):
     assert sum(n.op_type == "MatMulInteger" for n in decoder.node) == (2 + 2 + 2) * 1 + 1
     dequantized = [n.input[0] for n in decoder.node if n.op_type == "DequantizeLinear"]
     assert not set(dequantized) & set(shapes)  # only gathered rows, never a whole table
+
+
+def test_int8_weights_fit_the_16_bit_sums_of_cpus_without_vnni(project):
+    """Every int8 weight within ±64 (7 bits), and some at 64: ONNX Runtime multiplies by them
+    with VPMADDUBSW on AVX2, whose sum of two uint8 x int8 products saturates at 32,767.
+    Before: 8-bit weights gave int8 scores up to 0.6 off PyTorch's on an AVX2 EPYC."""
+    from onnx import numpy_helper
+
+    from src.graph.verify import all_graphs
+
+    model = onnx.load(str(project / "models/model.int8.onnx"))
+    weights = [numpy_helper.to_array(t) for graph in all_graphs(model.graph)
+               for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) == 64
 
 
 @pytest.mark.parametrize("name", ["model.onnx", "model.int8.onnx"])
@@ -412,21 +464,26 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
 
 def test_no_room_for_the_batch_search_is_a_warning_and_the_file_as_written(project, tmp_path,
                                                                           monkeypatch):
+    """The file as written translates each batch as the searches cut from it do. (int8
+    quantizes activations per batch, so a batch is compared with the same batch, never with
+    its sentences one by one.)"""
     import contextlib
 
+    lines = ["I have three cats.", "Where is the station?", "It is raining."]
+    usual = generation.load_translator(project / "models/model.int8.onnx", threads=1)
+    want = usual.translate(lines, batch_size=3), [usual.translate([ln])[0] for ln in lines]
     monkeypatch.setattr(sessions.tempfile, "TemporaryDirectory", lambda **_: (
         contextlib.nullcontext(str(tmp_path / "gone"))))  # writing there fails
     warnings: list[str] = []
     translator = generation.load_translator(project / "models/model.int8.onnx", threads=1,
                                             warn=warnings.append)
-    lines = ["I have three cats.", "Where is the station?", "It is raining."]
     together = translator.translate(lines, batch_size=3)
     assert translator.session_for(3) is translator.session
     assert warnings == ["one sentence goes through model.int8.onnx as written (no room for "
                         "its search alone: No such file or directory)",
                         "batches go through model.int8.onnx as written (no room for its batch "
                         "search: No such file or directory)"]
-    assert together == [translator.translate([line], batch_size=1)[0] for line in lines]
+    assert (together, [translator.translate([line])[0] for line in lines]) == want
 
 
 def test_requests_in_threads_open_the_batch_session_once(project):
@@ -833,28 +890,54 @@ def test_the_fp16_file_is_model_onnxs_search_over_float16_layers(project):
         assert stats["fp16_checked"] == "structure"
 
 
+# |float16 file - fp32 model| of a log-probability, so of a score (a mean of them at length
+# penalty 1). float16 keeps 11 significant bits: each weight, and each activation the CPU
+# rounds, moves by up to 2^-11 (4.9e-4) of itself; the logits leave the last float16 MatMul
+# rounded too, and at the tiny model's |logit| <= 13 half a float16 step is 2^-8 (0.004), so a
+# log-prob (logit - logsumexp) moves ~0.008 by that rounding alone. 0.01 is that order, an
+# estimate, not a proof; the worst hypothesis measured on AVX2 was 0.002 off.
+FP16_TOLERANCE = 0.01
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_the_fp16_file_searches_as_model_onnx(project, beam):
     """On the CPU, where ONNX Runtime runs the float16 nodes through casts of its own: the test
-    split in batches of 16 and one sentence at a time, n-best lists and scores as
-    model.onnx's (float16 rounds the scores, not the search)."""
+    split in batches of 16 and one sentence at a time. float16 rounds the scores: every
+    hypothesis the fp16 file returns has the fp32 model's score, and one both files return
+    model.onnx's score, within FP16_TOLERANCE. The n-best lists themselves may differ: a near
+    tie the rounding flips sends the search another way, and the hypotheses it then finds need
+    not score close (seen on AVX2: two candidates 0.0009 apart in log p at step 5, the kept one
+    ended a step sooner and closed the list, whose third hypothesis then scored 0.054 below
+    model.onnx's). So the lists are not compared, except greedy's: two greedy searches part
+    only where the two tokens tie within the rounding of both (log p within 2 x
+    FP16_TOLERANCE)."""
     from datasets import load_from_disk
 
+    model, _ = checkpoint.load_model(project / "models/model.pt")
     fp32, fp16 = (session(project / f"models/{name}") for name in ("model.onnx",
                                                                     "model.fp16.onnx"))
     sources = list(load_from_disk(str(project / "data/tokenized"))["test"]["source_ids"])
     batches = [sources[i: i + 16] for i in range(0, len(sources), 16)] + \
         [[row] for row in sources[:8]]
+    max_len = 30
     for rows in batches:
-        src = pad([clip_source(r, MAX_POSITIONS) for r in rows]).numpy()
-        feeds = contract.search_feeds(src, 30, beam, 1.0)
+        rows = [clip_source(r, MAX_POSITIONS) for r in rows]
+        feeds = contract.search_feeds(pad(rows).numpy(), max_len, beam, 1.0)
         feeds["num_return_sequences"] = np.array([beam], np.int32)
-        (want, want_scores), (have, have_scores) = (s.run(None, feeds) for s in (fp32, fp16))
-        # every hypothesis of the n-best lists; the operator that model.onnx searches one
-        # sentence with pads them to max_length, the Loops to the longest
-        assert [[[t for t in hyp if t != PAD] for hyp in row] for row in have.tolist()] == \
-            [[[t for t in hyp if t != PAD] for hyp in row] for row in want.tolist()]
-        np.testing.assert_allclose(have_scores, want_scores, atol=0.01)
+        # every hypothesis of the n-best lists, without BOS and padding: the operator that
+        # model.onnx searches one sentence with pads them to max_length, the Loops to the longest
+        want, have = (contract.parse_hypotheses(*s.run(None, feeds), PAD) for s in (fp32, fp16))
+        for row, want_list, have_list in zip(rows, want, have):
+            want_scores = {tuple(h.ids): h.score for h in want_list}
+            for hyp in have_list:
+                assert abs(hyp.score - forced_score(model, row, hyp.ids, max_len, 1.0)) <= \
+                    FP16_TOLERANCE, (row, hyp)
+                if tuple(hyp.ids) in want_scores:
+                    assert abs(hyp.score - want_scores[tuple(hyp.ids)]) <= FP16_TOLERANCE, \
+                        (row, hyp, want_list)
+            if beam == 1 and have_list[0].ids != want_list[0].ids:
+                assert parting_gap(model, row, have_list[0].ids, want_list[0].ids, max_len) <= \
+                    2 * FP16_TOLERANCE, (row, have_list, want_list)
 
 
 def test_fp16_problems_name_what_breaks_the_contract(project):
@@ -1221,10 +1304,15 @@ def test_profile_script_shares_the_run_out_by_operator(project):
 SCORE_TOLERANCE = {"fp32": 1e-4, "int8": 0.05}  # |ONNX - PyTorch| of a hypothesis's score
 
 
-def test_scores_are_pytorchs_for_greedy_and_beam_in_every_search(project, tmp_path):
-    """Each file's score of a hypothesis is the score PyTorch's search gives the same
-    hypothesis: one sentence (ONNX Runtime's BeamSearch operator) and batches (the Loops),
-    greedy and beam 3, fp32 and int8 (the int8 weights move scores a little)."""
+def test_scores_are_pytorchs_for_greedy_and_beam_in_every_search(project):
+    """Each file's score of every hypothesis it returns is the score PyTorch gives that
+    hypothesis (`forced_score`): one sentence (ONNX Runtime's BeamSearch operator) and batches
+    (the Loops), greedy and beam 3, fp32 and int8 (the int8 weights move scores a little), at
+    the split's output limit and at 4 tokens, where most hypotheses are cut.
+
+    Whether the file's search finds PyTorch's hypotheses is not asserted, not even fp32's: a
+    near tie within float32 rounding, which kernels summing in another order may flip, sends a
+    search another way on some CPU, and no bound holds for where it then goes."""
     from datasets import load_from_disk
 
     model, _ = checkpoint.load_model(project / "models/model.pt")
@@ -1233,19 +1321,24 @@ def test_scores_are_pytorchs_for_greedy_and_beam_in_every_search(project, tmp_pa
     for name in ("fp32", "int8"):
         sess = session(project / ("models/model.onnx" if name == "fp32"
                                   else "models/model.int8.onnx"))
-        compared = 0
         for size in (1, 16):
             for start in range(0, 8 if size == 1 else len(sources), size):
-                src = pad([clip_source(r, MAX_POSITIONS) for r in sources[start: start + size]])
-                max_len = max_output_length(src, 2.0, model)
-                for beam in (1, 3):
-                    got = contract.run_search_scored(sess, src.numpy(), max_len, beam, 1.0, 0)
-                    want = beam_search(model, src, beam, max_len, 1.0, with_scores=True)
-                    for (hyp, *_), (ids, score) in zip(got, want):
-                        if hyp.ids == ids:
-                            worst[name] = max(worst.get(name, 0.0), abs(hyp.score - score))
-                            compared += 1
-        assert compared >= 0.9 * (2 * (8 + len(sources))), name
+                rows = [clip_source(r, MAX_POSITIONS) for r in sources[start: start + size]]
+                src = pad(rows)
+                for max_len in (max_output_length(src, 2.0, model), 4):
+                    for beam in (1, 3):
+                        got = contract.run_search_scored(sess, src.numpy(), max_len, beam, 1.0,
+                                                         PAD)
+                        for row, (hyp,) in zip(rows, got):
+                            off = abs(hyp.score - forced_score(model, row, hyp.ids, max_len, 1.0))
+                            worst[name] = max(worst.get(name, 0.0), off)
+                        if name == "int8":
+                            continue
+                        # forced_score is PyTorch's search score, cut hypotheses included
+                        want = beam_search(model, src, beam, max_len, 1.0, with_scores=True)
+                        for row, (ids, score) in zip(rows, want):
+                            assert forced_score(model, row, ids, max_len, 1.0) == \
+                                pytest.approx(score, abs=1e-5), (row, ids, max_len)
     assert worst["fp32"] <= SCORE_TOLERANCE["fp32"], worst
     assert worst["int8"] <= SCORE_TOLERANCE["int8"], worst
 

@@ -228,7 +228,12 @@ def gemm_weights_as_matmul(graph: onnx.GraphProto) -> None:
 
 
 def quantize_subgraph(model: onnx.ModelProto, work_dir: Path) -> onnx.ModelProto:
-    """Dynamic int8 weights for one subgraph (quantizing the assembled file would skip them)."""
+    """Dynamic int8 weights for one subgraph (quantizing the assembled file would skip them).
+
+    Weights are quantized to 7 bits (`reduce_range`, within ±64): on a CPU without VNNI (AVX2,
+    AVX-512 without VNNI) ONNX Runtime multiplies uint8 activations by int8 weights with
+    VPMADDUBSW, whose sums of two products saturate at 32,767 (255 × 127 × 2 does not fit,
+    255 × 64 × 2 does), so 8-bit weights gave wrong products on those CPUs."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +242,8 @@ def quantize_subgraph(model: onnx.ModelProto, work_dir: Path) -> onnx.ModelProto
     gemm_weights_as_matmul(model.graph)
     onnx.save(model, fp32)
     with quiet_export():
-        quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, per_channel=True)
+        quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, per_channel=True,
+                         reduce_range=True)
     quantized = onnx.load(int8)
     fp32.unlink()
     int8.unlink()
