@@ -59,11 +59,23 @@ LEVERS = {
 }
 
 
+# The same levers switched on where the step leaves them off (fp32), to measure what each
+# would bring there (`--with`)
+LEVERS_ON = {
+    "packed-rows": lambda: mock.patch.object(
+        Transformer, "packs_rows", lambda self, device: self.training and device.type == "cpu"),
+    "chunked-loss": lambda: mock.patch.object(
+        validation, "projects_in_chunks", lambda hidden: hidden.device.type == "cpu"),
+}
+
+
 @contextmanager
-def levers_off(names: list[str]):
+def levers_switched(off: list[str], on: list[str] = ()):
     with ExitStack() as stack:
-        for name in names:
+        for name in off:
             stack.enter_context(LEVERS[name]())
+        for name in on:
+            stack.enter_context(LEVERS_ON[name]())
         yield
 
 
@@ -150,23 +162,26 @@ def main(
                                   "(auto and tcmalloc restart the script on tcmalloc)."),
     without: list[str] = typer.Option([], help="Switch a lever of the bf16 CPU step off, to "
                                       f"measure it alone: {' | '.join(LEVERS)} (repeatable)."),
+    with_: list[str] = typer.Option([], "--with", help="Switch a lever on where the step leaves "
+                                    f"it off (fp32): {' | '.join(LEVERS_ON)} (repeatable)."),
 ) -> None:
     overrides = {} if length_multiple < 0 else {"length_multiple": length_multiple}
     if allocator not in ALLOCATOR_CHOICES:
         raise typer.BadParameter(f"expected one of {', '.join(ALLOCATOR_CHOICES)}",
                                  param_hint="--allocator")
-    unknown = [name for name in without if name not in LEVERS]
-    if unknown:
-        raise typer.BadParameter(f"{', '.join(unknown)}: expected one of {', '.join(LEVERS)}",
-                                 param_hint="--without")
+    for option, names, known in (("--without", without, LEVERS), ("--with", with_, LEVERS_ON)):
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise typer.BadParameter(f"{', '.join(unknown)}: expected one of {', '.join(known)}",
+                                     param_hint=option)
     use_allocator(allocator, sys.orig_argv)  # as the train stage does
     for _ in range(rounds):
         for name in precision:
-            with levers_off(without):
+            with levers_switched(without, with_):
                 row = run(name, steps, warmup, epoch, profile, threads, overrides, window)
             row |= {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__,
-                    "epoch": epoch, "allocator": allocator_in_use(), "without": without
-                    } | overrides
+                    "epoch": epoch, "allocator": allocator_in_use(), "without": without,
+                    "with": with_} | overrides
             print(json.dumps(row))
             if out:
                 with out.open("a") as fh:

@@ -523,7 +523,7 @@ def test_the_train_step_benchmark_switches_one_lever_off_and_back(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         shipped = token_loss(model, batch, 0.1)[0]
         assert model.packs_rows(torch.device("cpu")) and len(chunked_calls) == 1
-        with bench.levers_off(["packed-rows", "chunked-loss"]):
+        with bench.levers_switched(["packed-rows", "chunked-loss"]):
             assert not model.packs_rows(torch.device("cpu"))
             one_product = token_loss(model, batch, 0.1)[0]
             assert len(chunked_calls) == 1  # the projection ran as one product
@@ -532,8 +532,17 @@ def test_the_train_step_benchmark_switches_one_lever_off_and_back(monkeypatch):
         assert len(chunked_calls) == 2
     assert one_product.item() == pytest.approx(shipped.item(), rel=2e-2)  # bf16 products
     with pytest.raises(KeyError):
-        with bench.levers_off(["fused-everything"]):
+        with bench.levers_switched(["fused-everything"]):
             pass
+    # `--with` switches them on in fp32, where the step leaves them off; the loss stays fp32's
+    fp32 = token_loss(model, batch, 0.1)[0]
+    assert not model.packs_rows(torch.device("cpu")) and len(chunked_calls) == 2
+    with bench.levers_switched([], ["packed-rows", "chunked-loss"]):
+        assert model.packs_rows(torch.device("cpu"))
+        both_on = token_loss(model, batch, 0.1)[0]
+        assert len(chunked_calls) == 3
+    assert not model.packs_rows(torch.device("cpu"))
+    assert both_on.item() == pytest.approx(fp32.item(), rel=1e-5)
 
 
 def test_the_lever_table_of_training_speed_is_its_file():

@@ -41,15 +41,19 @@ def token_loss(
     if rdrop_alpha:
         logits = model.generator(hidden[keep])  # (2N, V), bf16 under autocast
         loss, nll = rdrop_loss(logits, labels, label_smoothing, rdrop_alpha)
-    elif hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        # bf16 on the CPU: the output projection inside the loss, in products whose shapes
-        # repeat from step to step (src/training/loss.py says why)
+    elif projects_in_chunks(hidden):
         loss, nll = projected_cross_entropy(matmul_input(hidden[keep]), model.generator.weight,
                                             labels, label_smoothing)
     else:
         logits = model.generator(hidden[keep])  # (N, V)
         loss, nll = label_smoothed_cross_entropy(logits, labels, label_smoothing)
     return loss, nll, len(labels)
+
+
+def projects_in_chunks(hidden: torch.Tensor) -> bool:
+    """Whether the output projection runs inside the loss, in products whose shapes repeat
+    from step to step (src/training/loss.py says why): bf16 on the CPU."""
+    return hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
 
 @torch.no_grad()
