@@ -90,54 +90,51 @@ def run_in_main_dvc_lock(runs: list[dict], source: str) -> int:
 
 def default_run(runs: list[dict], source: str) -> list[str]:
     """The default recipe, one column per run given; the one run marked `in_main_dvc_lock` (how
-    its outputs came to be main's dvc.lock) is the one `dvc metrics show` prints."""
+    its outputs came to be main's dvc.lock) is the one `dvc metrics show` prints. Under the
+    table, one line per run: its machine, allocator and what ran beside it."""
     def column(run: dict) -> list:
-        t, test = run["train"], run["test"]
+        t, test, ex = run["train"], run["test"], run["export"]
         # a run stopped and resumed has step time but no single wall-clock figure
         wall = (f"{run['wall_minutes']} min" if run["wall_minutes"] is not None
                 else "none: trained in sittings, each resumed bit for bit by `dvc repro`")
-        return [f"{run.get('precision', 'fp32')}, {run.get('cpu', run['machine'])}"
-                + (f", {run['allocator']} malloc" if run.get("allocator") else ""),
+        return [f"{run.get('precision', 'fp32')}, {run.get('cpu', run['machine'])}",
                 f"`{run['commit']}`", wall,
                 f"{t['epochs']} epochs, {t['steps']:,} steps, {t['train_minutes']} min, "
                 f"{t['tokens_per_s']:,} tokens/s", f"{t['n_parameters']:,}",
                 f"train {run['split']['train']:,} / valid {run['split']['valid']:,} / test "
                 f"{run['split']['test']:,}", f"**{test['bleu']}**", test["chrf"],
-                test["brevity_penalty"], test["hypotheses_with_unk"],
-                test["hypotheses_with_replacement_char"],
-                *[b["bleu"] for b in run["bleu_by_source_words"]]]
+                test["brevity_penalty"],
+                f"{test['hypotheses_with_unk']} / {test['hypotheses_with_replacement_char']}",
+                *[b["bleu"] for b in run["bleu_by_source_words"]],
+                f"{ex['greedy_parity']:.0%} / {ex['beam_parity']:.0%} of "
+                f"{ex['parity_sentences']}",
+                f"{ex['fp32_size_mb']} MB, {ex['fp32_bleu']}",
+                f"{ex['int8_size_mb']} MB, {ex['int8_bleu']}, {ex['int8_same_as_fp32']:.1%}"]
 
     first = runs[0]
-    measures = ["precision, CPU (allocator)", "code", "wall time", "training", "parameters",
+    measures = ["precision, CPU", "code", "wall time", "training", "parameters",
                 "split (pairs)",
                 f"test BLEU (sacreBLEU `{first['test']['bleu_tokenizer']}`, beam "
                 f"{first['test']['beam_size']})", "test chrF", "brevity penalty",
-                "hypotheses with `<unk>`",
                 # byte-fallback pieces that do not form valid UTF-8 decode to U+FFFD
-                "hypotheses with U+FFFD",
+                "hypotheses with `<unk>` / with U+FFFD",
                 *[f"BLEU, sources {b['bucket']} ({b['rows']:,} rows)"
-                  for b in first["bleu_by_source_words"]]]
+                  for b in first["bleu_by_source_words"]],
+                "export: greedy / beam parity with PyTorch (test sentences)",
+                "`model.onnx`: size, test BLEU",
+                "`model.int8.onnx`: size, test BLEU, same output as fp32"]
     columns = [column(run) for run in runs]
-    machines = "; ".join(f"run {i + 1}: {run['machine']}" for i, run in enumerate(runs))
     lock = run_in_main_dvc_lock(runs, source)
     lines = ["## The default recipe", "",
              "`dvc repro` with the committed params.yaml (`download.url` a local copy of "
-             f"cmn-eng.zip, same sha256); {machines}. Run {lock + 1}'s outputs are main's "
-             f"`dvc.lock` ({runs[lock]['in_main_dvc_lock']}), so `dvc metrics show` prints "
-             f"them. Raw numbers: {cite(source)}.", ""]
+             "cmn-eng.zip, same sha256); the export rows are its `python -m src.export` stage. "
+             f"Run {lock + 1}'s outputs are main's `dvc.lock` ({runs[lock]['in_main_dvc_lock']}), "
+             f"so `dvc metrics show` prints them. Raw numbers: {cite(source)}.", ""]
     lines += table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
                    [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])
-    for i, run in enumerate(runs):
-        ex = run["export"]
-        lines += [f"Export of run {i + 1}'s model (`python -m src.export`): greedy parity "
-                  f"{ex['greedy_parity']:.0%}, beam parity {ex['beam_parity']:.0%} on "
-                  f"{ex['parity_sentences']} test sentences; `model.onnx` {ex['fp32_size_mb']} "
-                  f"MB, BLEU {ex['fp32_bleu']}; `model.int8.onnx` {ex['int8_size_mb']} MB, BLEU "
-                  f"{ex['int8_bleu']} (same output as fp32 on {ex['int8_same_as_fp32']:.1%} of "
-                  "test sentences)." + (f" Run {i + 1}: {run['wall_note']}."
-                                        if run.get("wall_note") and run["wall_minutes"] else ""),
-                  ""]
-    return lines
+    lines += [f"- Run {i + 1}: {run['machine']}; allocator: {run.get('allocator', 'glibc')}; "
+              f"beside it: {run.get('beside', 'not recorded')}." for i, run in enumerate(runs)]
+    return lines + [""]
 
 
 def decoding_choices(decoding: dict, source: str) -> list[str]:
@@ -277,13 +274,15 @@ def latest_by_cpu(all_sittings: list[dict]) -> list[dict]:
     return list(latest.values())
 
 
-def training_speed_by_precision(all_sittings: list[dict], source: str = "") -> list[str]:
+def training_speed_by_precision(all_sittings: list[dict], source: str = "",
+                                peer: dict | None = None, peer_source: str = "") -> list[str]:
     """Peer and ours in fp32 and bf16, one table for the last sitting on each CPU; shares of
     each precision's own peak."""
     lines = ["## Training speed by precision", "",
              "The train stage beside the Hugging Face peer, one table for the last sitting on "
              "each CPU, newest first."
-             + (f" Raw numbers, every sitting: {cite(source)}." if source else ""), ""]
+             + (f" Raw numbers, every sitting: {cite(source)}." if source else "")
+             + (" " + peer_quality(peer, peer_source) if peer else ""), ""]
     for sitting in latest_by_cpu(all_sittings):
         lines += speed_sitting(sitting)
     return lines
@@ -311,12 +310,11 @@ def speed_sitting(sitting: dict) -> list[str]:
     return lines + table(header, rows)
 
 
-def peer_quality(peer: dict, source: str) -> list[str]:
+def peer_quality(peer: dict, source: str) -> str:
     p, q = peer["peer"], peer["peer_quality"]
-    return [f"The Hugging Face peer is {p['script']}. Its quality: {q['bleu']} BLEU (beam 4; "
+    return (f"The peer is {p['script']}. Its quality: {q['bleu']} BLEU (beam 4; "
             f"{q['bleu_greedy']} greedy) after {q['train_minutes']} CPU minutes at "
-            f"{q['tokens_per_s']:,} tokens/s (`{q['command']}`; {q['note']}; {cite(source)}).",
-            ""]
+            f"{q['tokens_per_s']:,} tokens/s (`{q['command']}`; {q['note']}; {cite(source)}).")
 
 
 def continuous_training(ct: dict, source: str) -> list[str]:
@@ -376,17 +374,28 @@ def continuous_training(ct: dict, source: str) -> list[str]:
 
 
 def translation_speed(speed: dict, source: str) -> list[str]:
+    """One row per system and thread count, one column per beam and batch: sent/s, and in
+    brackets the ratio to PyTorch without cache at that beam and batch."""
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in speed["rows"]
             if r["system"] == "torch-nocache"}
+    cells = list(dict.fromkeys((r["beam"], r["batch"]) for r in speed["rows"]))
+    systems = list(dict.fromkeys((r["system"], r["threads"]) for r in speed["rows"]))
+    by = {(r["system"], r["threads"], r["beam"], r["batch"]): r for r in speed["rows"]}
+
+    def cell(system: str, threads: int, beam: int, batch: int) -> str:
+        r = by.get((system, threads, beam, batch))
+        return f"{r['sent_s']} ({r['sent_s'] / base[(beam, batch)]:.2f})" if r else ""
+
     lines = ["## Translation speed", "",
              f"{speed['what']}, each system timed in a process of its own; the model: "
              f"{speed['model']}. `{speed['command']}` at `{speed['commit']}`; CPU: "
-             f"{speed['machine']}; {speed['date']}. Raw numbers: {cite(source)}. Against "
-             "CTranslate2, text to text: [engines.md](engines.md).", ""]
+             f"{speed['machine']}; {speed['date']}. Raw numbers: {cite(source)}. A cell: "
+             "sent/s (x PyTorch without cache). Against CTranslate2, text to text: "
+             "[engines.md](engines.md).", ""]
     lines += table(
-        ["system", "threads", "beam", "batch", "sent/s", "x PyTorch without cache"],
-        [[r["system"], r["threads"], r["beam"], r["batch"], r["sent_s"],
-          f"{r['sent_s'] / base[(r['beam'], r['batch'])]:.2f}"] for r in speed["rows"]],
+        ["system", "threads", *[f"beam {beam}, batch {batch}" for beam, batch in cells]],
+        [[system, threads, *[cell(system, threads, *c) for c in cells]]
+         for system, threads in systems],
     )
     return lines
 
@@ -429,8 +438,8 @@ def render(docs: Path = DOCS) -> str:
                          BENCHMARKS["default"])
     lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), BENCHMARKS["decoding"])
     speed = sittings(load_json(bench, BENCHMARKS["train_speed"]))
-    lines += training_speed_by_precision(speed, BENCHMARKS["train_speed"])
-    lines += peer_quality(load_json(bench, BENCHMARKS["peer"]), BENCHMARKS["peer"])
+    lines += training_speed_by_precision(speed, BENCHMARKS["train_speed"],
+                                         load_json(bench, BENCHMARKS["peer"]), BENCHMARKS["peer"])
     lines += translation_speed(load_json(bench, BENCHMARKS["infer"]), BENCHMARKS["infer"])
     lines += continuous_training(load_json(bench, BENCHMARKS["continuous"]),
                                  BENCHMARKS["continuous"])

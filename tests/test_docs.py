@@ -1,6 +1,7 @@
 """docs/benchmarks/ holds what the pages cite, and only that: every file there is named in full
 by the README or a page of docs/ (a pattern such as `_s<N>` names nothing), and every file a
-page names is there."""
+page names is there. The pages keep to their line budgets: a page says what is true today, and
+history lives in git (shared STYLE.md, "Docs that users read")."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "docs" / "benchmarks"
 # `docs/benchmarks/x.json` from anywhere, `benchmarks/x.json` in a link of a page in docs/
 CITATION = re.compile(r"(?<![\w/])(?:docs/)?benchmarks/([\w.\-]+\.[a-z]+)")
+
+
+# Lines per page of docs/ (as `wc -l` counts them), and for all of docs/*.md together: a new
+# result replaces the old one, so a page that outgrows its budget is growing a history.
+LINE_BUDGETS = {"engines.md": 300, "serving.md": 350, "gpu.md": 150, "training_speed.md": 150,
+                "experiments.md": 200, "results.md": 200}
+TOTAL_LINE_BUDGET = 1800
 
 
 def pages() -> dict[str, str]:
@@ -51,3 +59,21 @@ def test_the_confidence_figures_of_serving_md_are_those_of_main_dvc_lock():
     page = (REPO / "docs/serving.md").read_text(encoding="utf-8")
     assert f"confidence AUROC **{stats['confidence_auroc']:.3f}**" in page
     assert f"catches **{stats['review_catch_10']:.1%}** of the worst 10%" in page
+
+
+def line_counts() -> dict[str, int]:
+    return {page.name: len(page.read_text(encoding="utf-8").splitlines())
+            for page in sorted((REPO / "docs").glob("*.md"))}
+
+
+def test_each_page_keeps_to_its_line_budget():
+    counts = line_counts()
+    assert set(LINE_BUDGETS) <= set(counts), "a budgeted page is gone: update LINE_BUDGETS"
+    over = {name: f"{counts[name]} lines, budget {budget}"
+            for name, budget in LINE_BUDGETS.items() if counts[name] > budget}
+    assert over == {}, "cut narration and superseded results, not what a user needs"
+
+
+def test_the_docs_keep_to_their_total_line_budget():
+    counts = line_counts()
+    assert sum(counts.values()) <= TOTAL_LINE_BUDGET, counts
