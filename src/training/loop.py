@@ -269,9 +269,9 @@ def saved_if_stopped(trainer: Trainer, say):
 @contextmanager
 def one_step(trainer: Trainer, say):
     """Around one training step and its bookkeeping: a Ctrl-C or SIGTERM waits until the block
-    is done, then saves last.pt and stops, so a stop loses no finished step (it used to lose up
-    to `--checkpoint-every-steps` of them). A second stop acts at once, mid-step, and saves
-    nothing."""
+    is done, then saves last.pt and stops, so a stop loses no finished step (rather than up to
+    `--checkpoint-every-steps` of them since the last save). A second stop acts at once,
+    mid-step, and saves nothing."""
     completed = False
     try:
         with cli.stops_deferred():
