@@ -299,6 +299,8 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
     """scripts/benchmark_training.py with the stage and the peer faked: the rows run in order
     with their overrides, the peer's FLOPs per token come from its summary, the targets are
     judged, and results.py renders the file."""
+    import torch
+
     bench = load_script("benchmark_training")
     (tmp_path / "tokenized").mkdir()
     (tmp_path / "tokenized/marker").write_text("")
@@ -311,7 +313,10 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
     monkeypatch.setattr(bench.paths, "PARAMS", params)
     (tmp_path / "train.py").write_text(FAKE_TRAIN)
     monkeypatch.setattr(bench, "TRAIN_COMMAND", [sys.executable, str(tmp_path / "train.py")])
-    monkeypatch.setattr(bench, "matmul_peak", lambda dtype, threads: 100.0)
+    peaks_read = []
+    monkeypatch.setattr(bench, "matmul_peak",
+                        lambda dtype, threads: peaks_read.append(dtype) or 100.0)
+    monkeypatch.setattr(bench, "cpu_bf16_feature", lambda: "AMX")
     peer = tmp_path / "peer_train.py"
     peer.write_text(FAKE_PEER)
     data = tmp_path / "cmn.txt"
@@ -345,6 +350,20 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
     results = load_script("results")
     rendered = "\n".join(results.training_speed_by_precision([sitting]))
     assert "| ours | bf16 | 2 x 1 |" in rendered and "| 2.33 |" in rendered
+    assert peaks_read.count(torch.bfloat16) == 2 and sitting["matmul_peak_gflops"]["bf16"] == 100
+    # a CPU without native bf16: its emulated bf16 peak is not timed, the rows still run
+    peaks_read.clear()
+    monkeypatch.setattr(bench, "cpu_bf16_feature", lambda: None)
+    result = CliRunner().invoke(bench.app, [
+        "--peer-script", str(peer), "--peer-python", sys.executable, "--peer-data", str(data),
+        "--minutes", "0.5", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    sitting = json.loads(out.read_text())
+    assert peaks_read == [torch.float32, torch.float32] and len(sitting["rows"]) == 4
+    assert sitting["matmul_peak_gflops"] == {"fp32": 100.0, "bf16": None}
+    assert sitting["peak_command"].endswith("bf16 not timed: the CPU has no native bf16)")
+    rendered = "\n".join(results.training_speed_by_precision([sitting]))
+    assert "| no peak (not native here) |" in rendered
 
 
 def test_training_sitting_says_which_target_is_missed():
