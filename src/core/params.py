@@ -64,6 +64,10 @@ class PairParams(Section):
             raise ValueError("source_column and target_column must differ")
         return self
 
+    def column_of(self, lang: str) -> int:
+        """The TSV column of `lang`'s side, `lang` one of the pair's two languages."""
+        return self.source_column if lang == self.source_lang else self.target_column
+
 
 class Entry(BaseModel):
     """A mapping inside a section (a list item): same strictness, optional keys have defaults."""

