@@ -10,6 +10,7 @@ import json
 import zipfile
 
 import pytest
+import yaml
 from helpers import assert_one_line_error, run_stage, scratch_root, write_pairs
 
 from src.data.cedict import Dictionary, dictionary_pairs, renderings
@@ -190,3 +191,21 @@ def test_the_mlflow_dataset_of_a_dictionary_carries_its_licence(tmp_path):
     assert tags["cedict"]["attribution"].startswith("CC-CEDICT, published by MDBG")
     assert "license" not in tags["sentences"]  # a TSV corpus states none
     assert run.data.tags["cedict_license"] == tags["cedict"]["license"]
+
+
+def test_the_pairs_sit_in_the_pairs_columns_whichever_way_it_translates(tmp_path):
+    """zh -> en with the sides in columns 2 and 0: the gloss in the English column, the
+    headword in the Chinese one, the column between them empty."""
+    url, _ = gzipped(tmp_path)
+    root = dictionary_root(tmp_path, url)
+    params = (root / "params.yaml").read_text()
+    pair = {"source_lang": "zh", "target_lang": "en", "source_column": 2, "target_column": 0}
+    loaded = yaml.safe_load(params)
+    loaded["pair"] = pair
+    (root / "params.yaml").write_text(yaml.safe_dump(loaded, sort_keys=False))
+    (tmp_path / "sentences.tsv").write_text(
+        "".join(f"{en}\t\t{zh}\n" for en, zh in SENTENCES), encoding="utf-8")
+    result = run_stage(root, "download")
+    assert result.returncode == 0, result.stderr
+    lines = (root / "data/raw/cedict.tsv").read_text(encoding="utf-8").splitlines()
+    assert lines[:2] == ["cucumber\t\t黄瓜", "king or monarch\t\t王"]

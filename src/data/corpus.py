@@ -239,13 +239,13 @@ def dictionary_lines(spec: CorpusSpec, cfg: DownloadParams, pair: PairParams, tm
     data, info = read_format_file(spec, cfg, tmp_dir)
     shown = info.pop("shown")
     found = Dictionary()
-    english = pair.column_of("en")
+    english, chinese = pair.column_of("en"), pair.column_of("zh")
     width = max(pair.source_column, pair.target_column) + 1
     lines = []
     for gloss, headword in dictionary_pairs(split_lines(as_utf8_text(data, shown)), shown,
                                             spec.max_gloss_words, found):
-        cols = [headword] * width
-        cols[english] = gloss
+        cols = [""] * width
+        cols[english], cols[chinese] = gloss, headword
         lines.append(("\t".join(cols) + "\n").encode("utf-8"))
     if not found.entries:
         raise PipelineError(f"{shown} holds no CC-CEDICT entry "
