@@ -74,6 +74,8 @@ class RunClock:
 
     start: tuple[int, float, int]  # step, train_seconds, tokens_seen
     epoch_ends: list[float] = field(default_factory=list)
+    announced: bool = False  # the estimate line is printed
+    ended_at: float | None = None  # when the last epoch's training steps ended
 
     @classmethod
     def at(cls, st: TrainState) -> RunClock:
@@ -96,6 +98,28 @@ class RunClock:
                                   cfg.epochs, cfg.bidirectional_epochs, *epoch_lengths)
         return RunEstimate(work_left(epochs, cap), pace, st.epoch + 1)
 
+    def epoch_began(self, cfg: TrainParams, st: TrainState, usable: int, span: int,
+                    epoch_lengths: tuple[int, int]) -> str | None:
+        """Times the epoch end just past (validation, saves, the next epoch's batches); the
+        estimate line again once the first is timed, if it was printed without validation."""
+        if self.ended_at is None:
+            return None
+        self.epoch_ends.append(time.perf_counter() - self.ended_at)
+        if self.announced and len(self.epoch_ends) == 1:
+            estimate = self.estimate(cfg, st, usable, span, epoch_lengths)
+            return estimate.line(cfg.bidirectional_epochs, cfg.patience)
+        return None
+
+    def at_log_point(self, cfg: TrainParams, st: TrainState, usable: int, span: int,
+                     epoch_lengths: tuple[int, int]) -> tuple[RunEstimate, str | None]:
+        """The estimate now, and its line the first time this process has taken a log
+        interval's steps."""
+        estimate = self.estimate(cfg, st, usable, span, epoch_lengths)
+        if self.announced or estimate.pace.steps < cfg.log_every_steps:
+            return estimate, None
+        self.announced = True
+        return estimate, estimate.line(cfg.bidirectional_epochs, cfg.patience)
+
 
 def run_training(
     trainer: Trainer,
@@ -108,15 +132,14 @@ def run_training(
 ) -> EpochSelection:
     """`epoch_lengths`: the steps of an epoch in both directions and of one in one direction,
     as counted at start-up, for the run's estimate."""
-    cfg, world = trainer.cfg, trainer.world
-    st = trainer.state
+    cfg, world, st = trainer.cfg, trainer.world, trainer.state
     selection = EpochSelection(trainer.store.dir, st, cfg.average_best, cfg.patience,
                                write=world.is_main)
     selection.prune()  # a kill between saving last.pt and pruning leaves dropped epochs
     span = batches_per_step(cfg.accumulation_steps, world.size)
     dvc_gone = dvc_run.dvc_parent_gone()
     window_tokens, window_start = 0, time.perf_counter()
-    clock, estimated, epoch_ended = RunClock.at(st), False, None
+    clock = RunClock.at(st)
     with progress_bar(show=world.is_main) as bar:
         say = bar.console.print if world.is_main else (lambda *a, **k: None)
         # nohup, CI, DVC: the bar draws nothing there, so a line every log_every_steps steps
@@ -126,21 +149,14 @@ def run_training(
         while st.epoch < cfg.epochs and not stop_reason(cfg, st, selection):
             pairs, target_tokens, epoch_batches, usable = epoch_plan(
                 corpus, st.epoch, cfg, world.size, max_positions)
-            if epoch_ended is not None:
-                clock.epoch_ends.append(time.perf_counter() - epoch_ended)
-                if estimated and len(clock.epoch_ends) == 1:
-                    # the estimate said so far left validation out: now one is timed
-                    estimate = clock.estimate(cfg, st, usable, span, epoch_lengths)
-                    say(estimate.line(cfg.bidirectional_epochs, cfg.patience))
+            if line := clock.epoch_began(cfg, st, usable, span, epoch_lengths):
+                say(line)
             epoch_label = f"{st.epoch + 1}/{cfg.epochs}"
             bar.update(task, total=usable, completed=st.batch_in_epoch, epoch=epoch_label)
             step_start = time.perf_counter()
             # The budget is checked before a step, so a resumed run never takes one too many.
             while st.batch_in_epoch < usable and not out_of_budget(cfg, st):
-                if dvc_gone():  # `kill <dvc pid>`: stop as the signal would have (checkpoint kept)
-                    with saved_if_stopped(trainer, say):
-                        cli.stop_as_if(signal.SIGTERM,
-                                          "the dvc process running this stage ended")
+                stop_if_dvc_gone(dvc_gone, trainer, say)
                 # A stop waits until the step, its logs and a periodic save are done, then
                 # saves last.pt there (one_step)
                 with one_step(trainer, say):
@@ -157,25 +173,19 @@ def run_training(
                     st.train_seconds += now - step_start
                     step_start = now
                     lr = trainer.scheduler.get_last_lr()[0]
-                    if not math.isfinite(loss):
-                        raise PipelineError(
-                            f"training diverged at step {st.step} (loss {loss}); "
-                            "lower train.lr or raise train.warmup_steps"
-                        )
+                    check_finite(loss, st.step)
                     if st.step % cfg.log_every_steps == 0:
                         tps = window_tokens / max(now - window_start, 1e-9)
                         window_tokens, window_start = 0, now
                         st.curve.append({"step": st.step, "loss": round(loss, 4), "lr": lr,
                                          "tokens_per_s": round(tps, 1)})
-                        run.log_metrics(
-                            {"train_loss": loss, "lr": lr, "tokens_per_s": tps}, step=st.step
-                        )
+                        run.log_metrics({"train_loss": loss, "lr": lr, "tokens_per_s": tps},
+                                        step=st.step)
                         if world.is_main:
-                            estimate = clock.estimate(cfg, st, usable, span, epoch_lengths)
-                            # once this process has taken a log interval's steps
-                            if not estimated and estimate.pace.steps >= cfg.log_every_steps:
-                                say(estimate.line(cfg.bidirectional_epochs, cfg.patience))
-                                estimated = True
+                            estimate, line = clock.at_log_point(cfg, st, usable, span,
+                                                                epoch_lengths)
+                            if line:
+                                say(line)
                             bar.update(task, tps=tps, run_eta=estimate.eta())
                             if log_lines:
                                 say(progress_line(st.step, epoch_label, st.batch_in_epoch,
@@ -185,12 +195,25 @@ def run_training(
                     if st.step % checkpoint_every_steps == 0:
                         trainer.save_last()
                         failpoints.hit("after_periodic_save")
-            epoch_ended = time.perf_counter()
+            clock.ended_at = time.perf_counter()
             end_epoch(trainer, score_valid, selection, run, say)
             reason = stop_reason(cfg, st, selection)
             if reason and st.epoch < cfg.epochs:
                 say(f"stop: {reason}")
     return selection
+
+
+def stop_if_dvc_gone(dvc_gone, trainer: Trainer, say) -> None:
+    """`kill <dvc pid>`: stop as the signal would have (last.pt saved)."""
+    if dvc_gone():
+        with saved_if_stopped(trainer, say):
+            cli.stop_as_if(signal.SIGTERM, "the dvc process running this stage ended")
+
+
+def check_finite(loss: float, step: int) -> None:
+    if not math.isfinite(loss):
+        raise PipelineError(f"training diverged at step {step} (loss {loss}); lower train.lr "
+                            "or raise train.warmup_steps")
 
 
 def rank_batches(pairs, group: list, trainer: Trainer, max_positions: int) -> list:
