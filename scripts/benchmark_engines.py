@@ -136,9 +136,9 @@ class OnnxEngine:
         src = contract.pad_rows([model.encode(line, i + 1) for i, line in enumerate(lines)],
                                 model.pad)
         session = model.session_for(len(lines))
-        feeds = contract.session_feeds(session, src, self.force_length, beam,
-                                       float(model.meta["length_penalty"]),
-                                       scores=self.scores)
+        feeds = dict(contract.search_feeds(src, self.force_length, beam,
+                                           float(model.meta["length_penalty"]),
+                                           scores=self.scores))
         feeds["min_length"] = feeds["max_length"]
         (sequences,) = session.run(["sequences"], feeds)
         ids = contract.parse_sequences(sequences, model.pad)

@@ -6,8 +6,8 @@
     python -m src.infer --n-best 4 --format jsonl "How are you?"   # 4 hypotheses, scored
 
 A text model (models/model.text.onnx, SentencePiece inside the graph) needs no tokenizer dir;
-its output length follows the export's ratio (no --max-length), and files written before its
-search inputs also keep the export's beam and return one hypothesis per line.
+its output length follows the export's ratio (no --max-length). A file written by an older
+export (another metadata `format`) is refused: export it again.
 
 Reads the model's metadata_props (special ids, limits, default beam, tokenizer fingerprints;
 the contract lives in src/generation.py, shared with export, the MLflow model and the
@@ -47,20 +47,17 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
 def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: int,
-                    beam: int | None, max_length: int | None, scores: bool = False,
+                    beam: int | None, max_length: int | None,
                     n_best: int = 1) -> Translator | TextTranslator:
     """The translator, with the provider that ran said on stderr; a text model (strings in,
-    strings out) must be asked for the search it was written with, `scores` needs a file
-    that returns them, and an n-best list holds at most the beam."""
+    strings out) derives the output length itself, and an n-best list holds at most the
+    beam."""
     translator = load_translator(onnx, tokenizer, provider, threads)
     if isinstance(translator, TextTranslator):
-        translator.check_search(beam, max_length)
+        translator.check_search(max_length)
         translator.check_n_best(n_best, beam)
     else:
         check_n_best(n_best, beam or translator.default_beam)
-    if scores and not translator.scored:
-        raise PipelineError(f"{onnx} has no scores (exported before they were added): export "
-                            "it again (dvc repro export) for --scores, --n-best or --format")
     on_cpu = translator.provider == CPU
     print(f"infer: {translator.ran_on}"
           + (f", {threads} thread{'s' * (threads > 1)}" if on_cpu else ""),
@@ -152,7 +149,7 @@ def main(
     if input_file is not None and not input_file.is_file():
         raise PipelineError(f"input file not found: {input_file}")
     translator = open_translator(onnx, tokenizer, provider, threads, beam, max_length,
-                                 scores=fmt != "text", n_best=n_best)
+                                 n_best=n_best)
     beam = beam or translator.default_beam
 
     def translated(lines: list[str], size: int, first_line_no: int = 1) -> list[str]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from src.runtime import contract
+from src.runtime.contract import SCORE_SWITCH
 
 
 def test_rows_of_one_length_and_of_several_pad_alike():
@@ -31,6 +32,9 @@ def test_the_shared_search_settings_cannot_be_changed_by_a_caller():
     assert other["num_beams"].tolist() == [2] and other["num_return_sequences"].tolist() == [2]
     assert other["length_penalty"].tolist() == [np.float32(0.6)]
     assert first["min_length"].tolist() == [0] and first["repetition_penalty"].tolist() == [1.0]
+    assert first[SCORE_SWITCH].tolist() == [1] and first[SCORE_SWITCH].dtype == np.int32
+    off = contract.search_feeds(np.array([[5, 3]], np.int32), 7, 4, 1.0, scores=False)
+    assert off[SCORE_SWITCH].tolist() == [0] and off["num_beams"].tolist() == [4]
 
 
 def test_hypotheses_are_read_as_plain_python_numbers():
@@ -42,7 +46,5 @@ def test_hypotheses_are_read_as_plain_python_numbers():
     assert [[h.score for h in row] for row in found] == [[-0.5, -1.25], [-0.75, -2.0]]
     # JSON Lines and the served model write these as they are: numpy scalars would not do
     json.dumps([[h.ids, h.score] for row in found for h in row])
-    unscored = contract.parse_hypotheses(sequences, None, pad=0)
-    assert [[h.score for h in row] for row in unscored] == [[None, None], [None, None]]
     best = contract.parse_sequences(sequences, pad=0)
     assert best == [[7, 8], [5, 6, 4]] and all(type(t) is int for row in best for t in row)

@@ -26,7 +26,6 @@ from src.core.special_ids import BANNED, BOS, EOS, PAD
 from src.data.batching import clip_source, make_batch, pad
 from src.data.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
 from src.graph import onnx_graph
-from src.graph.text_twin import OPTIONAL_SEARCH_INPUTS
 from src.nmt import checkpoint
 from src.nmt.model import ModelConfig, Transformer
 from src.nmt.search import beam_search, greedy_search, max_output_length
@@ -417,8 +416,7 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
                                                                         monkeypatch):
     """A batch goes to the file without its BeamSearch operator (src/runtime/batch_graph.py,
     which spares it the operator's dummy step), opened on the first batch, its n-best lists
-    too (a file older than `N_BEST_BATCHES`: they stay with the file's own session); one
-    sentence stays with the file's own session; every translation and score is the one the
+    too; one sentence stays with the file's own session; every translation and score is the one the
     file's own session gives."""
     from datasets import load_from_disk
 
@@ -435,12 +433,6 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     assert batch_session is not None and batch_session is not translator.session
     assert translator.session_for(7) is batch_session
     assert translator.session_for(1) is translator.session
-    text = isinstance(translator, generation.TextTranslator)
-    if not text:
-        assert translator.session_for(7, n_best=2) is batch_session
-        written = translator.meta.pop(contract.N_BEST_BATCHES)  # as in an older file
-        assert translator.session_for(7, n_best=2) is translator.session
-        translator.meta[contract.N_BEST_BATCHES] = written
     with monkeypatch.context() as patch:  # the file as written, not its operator alone
         patch.setattr(generation, "open_operator_session", lambda *_, **__: None)
         whole = generation.load_translator(path, threads=1)
@@ -452,11 +444,10 @@ def test_a_batch_is_searched_without_the_operator_and_translates_the_same(projec
     alone = [translator.translate([source])[0] for source in sources[:12]]
     assert alone == translator.translate(sources[:12], batch_size=1)
     assert translator.translate(["  "]) == [""] and translator.translate_scored([""]) == [()]
-    n_best = 1 if text else 2
-    assert [translator.translate_scored([source], n_best=n_best)[0] for source in sources[:12]] \
-        == translator.translate_scored(sources[:12], batch_size=1, n_best=n_best)
-    assert whole.translate_scored(sources, batch_size=7, n_best=n_best) \
-        == translator.translate_scored(sources, batch_size=7, n_best=n_best)
+    assert [translator.translate_scored([source], n_best=2)[0] for source in sources[:12]] \
+        == translator.translate_scored(sources[:12], batch_size=1, n_best=2)
+    assert whole.translate_scored(sources, batch_size=7, n_best=2) \
+        == translator.translate_scored(sources, batch_size=7, n_best=2)
     cut = onnx.load_from_string(batch_graph.without_operator(path.read_bytes()))
     ops = {n.op_type for n in cut.graph.node}
     assert "BeamSearch" not in ops and "Loop" in ops
@@ -881,8 +872,7 @@ def test_the_fp16_file_is_model_onnxs_search_over_float16_layers(project):
              if n.op_type == "MultiHeadAttention" for a in n.attribute if a.name == "num_heads"]
     assert heads and set(heads) == {checkpoint.load_model(project / "models/model.pt")[0].n_heads}
     meta = {p.key: p.value for p in fp16.metadata_props}
-    assert (meta["weights"], meta["runs_on"], meta[contract.N_BEST_BATCHES]) == \
-        ("fp16", "cuda", "loop")
+    assert (meta["weights"], meta["runs_on"]) == ("fp16", "cuda")
     assert os.path.getsize(project / "models/model.fp16.onnx") < \
         os.path.getsize(project / "models/model.onnx")
     stats = json.loads((project / "models/export_stats.json").read_text())
@@ -1007,8 +997,6 @@ def test_text_model_takes_strings_and_returns_strings(project):
     assert onnx_graph.beam_search_node(graph).op_type == "BeamSearch"
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["format"] == contract.TEXT_FORMAT and meta["beam_size"] == "3"
-    assert meta[contract.TEXT_OUTPUTS] == "translation,score,translations,scores"
-    assert meta[contract.TEXT_INPUTS] == "num_beams,length_penalty,num_return_sequences"
     assert defaults["length_penalty"] == pytest.approx([float(meta["length_penalty"])])
 
 
@@ -1451,32 +1439,26 @@ def test_an_n_best_list_is_distinct_and_ordered_best_first(project):
     assert sum(hyps[0].ids == ids for hyps, ids in zip(lists, best)) >= 0.9 * len(best)
 
 
-def test_a_file_without_scores_still_translates(project, tmp_path):
-    """A file exported before scores (no `sequences_scores` output, no `outputs` metadata)
-    translates as before; its scores are None and infer says to re-export for them."""
-    model = onnx.load(str(project / "models/model.onnx"))
-    kept = [o for o in model.graph.output if o.name == "sequences"]
-    del model.graph.output[:]
-    model.graph.output.extend(kept)
-    inputs = [i for i in model.graph.input if i.name != contract.SCORE_SWITCH]
-    del model.graph.input[:]  # nor the score switch: a constant 1 in its place
-    model.graph.input.extend(inputs)
-    model.graph.initializer.append(onnx.helper.make_tensor(
-        contract.SCORE_SWITCH, onnx.TensorProto.INT32, [1], [1]))
-    props = [p for p in model.metadata_props if p.key not in {"outputs", "confidence"}]
-    del model.metadata_props[:]
-    model.metadata_props.extend(props)
-    old = tmp_path / "old.onnx"
+@pytest.mark.parametrize("name", ["model.onnx", "model.text.onnx"])
+def test_a_file_of_the_retired_format_is_refused_in_one_line(project, tmp_path, name):
+    """A file written before this version's contract (metadata `format` nmt-beamsearch-1 or
+    nmt-text-1) is refused by infer, the site and the text twin, saying to export again."""
+    model = onnx.load(str(project / "models" / name))
+    retired = dict(zip(["model.onnx", "model.text.onnx"], contract.RETIRED_FORMATS))[name]
+    next(p for p in model.metadata_props if p.key == "format").value = retired
+    old = tmp_path / name
     onnx.save(model, old)
     shutil.copytree(project / "models/tokenizer", tmp_path / "tokenizer")
-    old_translator = generation.load_translator(old, threads=1)
-    new_translator = generation.load_translator(project / "models/model.onnx", threads=1)
-    lines = ["I have three cats.", "", "Where is the station?"]
-    assert old_translator.translate(lines, 3) == new_translator.translate(lines, 3)
-    scored = old_translator.translate_scored(lines, 3)
-    assert scored[1] == () and [s[0].score for s in (scored[0], scored[2])] == [None, None]
-    result = infer(project, "--scores", "I have three cats.", model=old)
-    assert_one_line_error(result, "has no scores (exported before they were added)")
+    assert_one_line_error(infer(project, "Hello.", model=old),
+                          f"was written by an older version of the export (format {retired}; "
+                          f"this version reads {contract.GRAPH_FORMAT} and "
+                          f"{contract.TEXT_FORMAT}): export it again with python -m src.export")
+    if name == "model.onnx":
+        from src.core.errors import PipelineError
+        from src.graph.text_twin import wrap
+
+        with pytest.raises(PipelineError, match="older version of the export"):
+            wrap(model, b"", b"")
 
 
 def test_the_text_twin_returns_the_generation_files_scores(project):
@@ -1508,33 +1490,6 @@ def test_the_text_twin_returns_the_generation_files_n_best_lists(project, batch_
                for t, i in zip(t_hyps, i_hyps)) < 1e-5
     best = text.translate(lines, batch_size=batch_size)
     assert [hyps[0].text if hyps else "" for hyps in from_text] == best
-
-
-def test_a_text_twin_without_n_best_lists_translates_and_refuses_them(project, tmp_path):
-    """A text model written before n-best lists and search inputs (no `translations`/`scores`
-    outputs, no optional search inputs, no `text_outputs`/`text_inputs` metadata) translates,
-    with scores; infer says how to get an n-best list or another beam."""
-    model = onnx.load(str(project / "models/model.text.onnx"))
-    kept = [o for o in model.graph.output if o.name in ("translation", "score")]
-    del model.graph.output[:]
-    model.graph.output.extend(kept)
-    inputs = [i for i in model.graph.input if i.name not in OPTIONAL_SEARCH_INPUTS]
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)
-    props = [p for p in model.metadata_props
-             if p.key not in (contract.TEXT_OUTPUTS, contract.TEXT_INPUTS)]
-    del model.metadata_props[:]
-    model.metadata_props.extend(props)
-    old = tmp_path / "old.text.onnx"
-    onnx.save(model, old)
-    lines = ["I have three cats.", "", "Where is the station?"]
-    old_text = generation.load_translator(old, threads=1)
-    new_text = generation.load_translator(project / "models/model.text.onnx", threads=1)
-    assert old_text.translate_scored(lines) == new_text.translate_scored(lines)
-    assert_one_line_error(infer(project, "--n-best", "2", "Hello.", model=old),
-                          "returns one translation per line (written before n-best lists)")
-    assert_one_line_error(infer(project, "--beam", "1", "Hello.", model=old),
-                          "a text model searches as exported (beam 3")
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])

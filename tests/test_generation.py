@@ -15,12 +15,10 @@ from src.core.errors import PipelineError
 from src.runtime import confidence, generation
 from src.runtime.contract import (
     GRAPH_FORMAT,
-    N_BEST_BATCHES,
+    RETIRED_FORMATS,
     SCORE_SWITCH,
     TEXT_FORMAT,
-    TEXT_INPUTS,
-    TEXT_N_BEST_TEXTS,
-    TEXT_OUTPUTS,
+    TEXT_SOURCE_TOKENIZER,
 )
 
 # The file's special ids differ from the project's defaults (EOS 3, PAD 0), so a translator that
@@ -28,7 +26,7 @@ from src.runtime.contract import (
 BOS, UNK, EOS, PAD = 2, 4, 5, 9
 META = {"format": GRAPH_FORMAT, "eos_id": str(EOS), "pad_id": str(PAD), "beam_size": "4",
         "max_source_tokens": "6", "max_output_tokens": "8", "max_length_ratio": "1.5",
-        "length_penalty": "1.0", "outputs": "sequences,sequences_scores"}
+        "length_penalty": "1.0"}
 
 
 class Chars:
@@ -91,9 +89,6 @@ def test_one_sentence_goes_to_the_files_own_session_and_a_batch_to_the_batch_ses
     own, batch = Session(echo_search), Session(echo_search)
     model = translator(session=own, batch=batch)
     assert model.session_for(1) is own and model.session_for(2) is batch
-    assert model.session_for(3, n_best=2) is own  # older files: n-best lists from the operator
-    loop = translator(meta={N_BEST_BATCHES: "loop"}, session=own, batch=batch)
-    assert loop.session_for(3, n_best=2) is batch and loop.session_for(1, n_best=2) is own
     assert translator(session=own).session_for(5) is own  # no batch session to open
     no_room = translator(session=own, batch=None)
     no_room.open_batch = lambda: None  # the file has no cut
@@ -161,16 +156,6 @@ def test_a_translation_cut_by_the_output_limit_has_no_eos_in_its_length():
     assert short.text == "ba" and short.tokens == 4  # UNK b a + EOS
 
 
-def test_a_file_without_scores_gives_none_and_asks_for_sequences_only():
-    session = Session(echo_search, inputs=("input_ids",))
-    model = translator(meta={"outputs": "sequences"}, session=session)
-    (best,) = model.translate_scored(["ab"])[0]
-    assert best.score is None and best.text == "ba"
-    names, feeds = session.calls[0]
-    assert names == ["sequences"] and SCORE_SWITCH not in feeds
-    assert model.confidence(best) is None
-
-
 @pytest.mark.parametrize("n_best, beam", [(0, 4), (5, 4), (2, 1)])
 def test_an_n_best_list_longer_than_the_beam_or_empty_is_refused(n_best, beam):
     with pytest.raises(PipelineError) as caught:
@@ -190,22 +175,18 @@ def test_confidence_reads_the_files_curve_and_undoes_its_length_penalty():
     assert model.calibration == curve
     plain = translator()
     assert plain.confidence(generation.Scored("x", -0.5, 3)) == pytest.approx(math.exp(-0.5))
-    assert plain.confidence(generation.Scored("x", None, 3)) is None
 
 
 def test_metadata_properties():
     model = translator()
     assert (model.default_beam, model.source_piece_limit, model.eos, model.pad) == (4, 5, 5, 9)
-    assert model.provider == "CPUExecutionProvider" and model.scored
-    assert not translator(meta={"outputs": "sequences"}).scored
+    assert model.provider == "CPUExecutionProvider"
 
 
 # -- text models ------------------------------------------------------------------------------
 
 TEXT_META = {"format": TEXT_FORMAT, "beam_size": "4", "max_length_ratio": "1.5",
-             "max_source_tokens": "6", "outputs": "sequences,sequences_scores",
-             TEXT_INPUTS: "num_beams,num_return_sequences",
-             TEXT_OUTPUTS: f"translation,score,{TEXT_N_BEST_TEXTS},scores"}
+             "max_source_tokens": "6", TEXT_SOURCE_TOKENIZER: ""}
 
 
 def text_reply(names, feeds):
@@ -223,7 +204,9 @@ def text_reply(names, feeds):
 
 def text_model(meta=None, inputs=("text", SCORE_SWITCH)) -> tuple:
     session = Session(text_reply, inputs=inputs)
-    return generation.TextTranslator(session, TEXT_META | (meta or {})), session
+    model = generation.TextTranslator(session, TEXT_META | (meta or {}))
+    model.__dict__["source"] = Chars()  # the metadata's SentencePiece model, as it is called
+    return model, session
 
 
 def test_a_text_model_returns_n_best_lists_with_scores_in_order():
@@ -238,7 +221,7 @@ def test_a_text_model_returns_n_best_lists_with_scores_in_order():
     assert feeds["num_return_sequences"] == [2] and "num_beams" not in feeds
 
 
-def test_a_text_model_takes_another_beam_only_where_its_file_has_the_input():
+def test_a_text_model_takes_another_beam():
     model, session = text_model()
     assert model.translate(["ab", "cd"], beam=2) == ["AB", "CD"]
     names, feeds = session.calls[-1]
@@ -248,15 +231,6 @@ def test_a_text_model_takes_another_beam_only_where_its_file_has_the_input():
     assert list(feeds) == ["num_return_sequences"]
     assert feeds["num_return_sequences"].tolist() == [1]
     assert feeds["num_return_sequences"].dtype == np.int32
-    old, _ = text_model({TEXT_INPUTS: "", TEXT_OUTPUTS: "translation,score"})
-    assert old.search_feeds(3, 2) == {} and not old.has_n_best and old.optional_inputs == []
-    with pytest.raises(PipelineError) as caught:
-        old.translate(["ab"], beam=2)
-    assert str(caught.value) == (
-        "a text model searches as exported (beam 4, output length by ratio 1.5): use the "
-        "generation model (model.onnx) for --beam/--max-length, or write a text model with "
-        "other settings (python -m src.text_graph --help)")
-    old.check_search(4, None)  # the export's beam is fine
 
 
 def test_no_text_model_takes_an_output_length():
@@ -269,26 +243,14 @@ def test_no_text_model_takes_an_output_length():
         "(python -m src.text_graph --help)")
 
 
-def test_a_text_model_without_n_best_lists_or_scores():
-    old, session = text_model({TEXT_INPUTS: "", TEXT_OUTPUTS: "translation,score",
-                               "outputs": "sequences"}, inputs=("text",))
-    (best,) = old.translate_scored(["ab"])[0]
-    assert (best.text, best.score) == ("AB", None)
-    names, feeds = session.calls[-1]
-    assert names == ["translation"] and SCORE_SWITCH not in feeds
-    with pytest.raises(PipelineError) as caught:
-        old.translate_scored(["ab"], n_best=2)
-    assert str(caught.value).startswith("this text model returns one translation per line "
-                                        "(written before n-best lists)")
+def test_a_text_models_n_best_list_holds_at_most_its_beam():
     with pytest.raises(PipelineError) as caught:
         text_model()[0].translate_scored(["ab"], n_best=5)
     assert str(caught.value).startswith("n-best 5: a search with beam 4 returns 1 to 4")
 
 
-def test_text_model_batches_go_by_source_tokens_when_the_file_has_its_tokenizer(monkeypatch):
+def test_text_model_batches_go_by_source_tokens():
     model, _ = text_model()
-    assert model.source is None and model.source_lengths(["ab"]) is None
-    model.__dict__["source"] = Chars()
     assert model.source_lengths(["abc", " ", "abcdefgh"]) == {0: 4, 2: 6}  # cut to 5, + EOS
 
 
@@ -308,7 +270,19 @@ def test_a_file_that_is_not_ours_is_refused_naming_its_format(monkeypatch, tmp_p
         generation.load_translator(tmp_path / "m.onnx")
     assert str(caught.value) == (f"{tmp_path / 'm.onnx'} is not a translation model written by "
                                  f"src.export (metadata format 'something-else', expected "
-                                 f"{GRAPH_FORMAT})")
+                                 f"{GRAPH_FORMAT} or {TEXT_FORMAT})")
+
+
+@pytest.mark.parametrize("retired", RETIRED_FORMATS)
+def test_a_file_of_an_older_format_is_refused_saying_to_export_it_again(monkeypatch, tmp_path,
+                                                                        retired):
+    opened(monkeypatch, {**META, "format": retired})
+    with pytest.raises(PipelineError) as caught:
+        generation.load_translator(tmp_path / "m.onnx")
+    assert str(caught.value) == (
+        f"{tmp_path / 'm.onnx'} was written by an older version of the export (format "
+        f"{retired}; this version reads {GRAPH_FORMAT} and {TEXT_FORMAT}): export it again "
+        f"with python -m src.export (dvc repro export)")
 
 
 def test_a_text_model_opens_without_a_tokenizer_and_refuses_one(monkeypatch, tmp_path):
@@ -374,17 +348,18 @@ def test_run_scored_returns_one_hypothesis_by_default():
     assert session.calls[-1][1]["num_return_sequences"] == [1]
 
 
-def test_a_batchs_n_best_lists_go_to_the_operator_unless_the_loop_returns_them():
+def test_a_batchs_n_best_lists_go_to_the_batch_session_and_one_sentences_to_its_own():
     own, batch = Session(echo_search), Session(echo_search)
     model = translator(meta={"max_output_tokens": "30"}, session=own, batch=batch)
     model.translate_scored(["ab", "cd"], n_best=2, batch_size=8)
-    assert len(own.calls) == 1 and not batch.calls
-    model.translate_scored(["ab", "cd"], batch_size=8)
-    assert len(batch.calls) == 1
+    assert len(batch.calls) == 1 and not own.calls
+    model.translate_scored(["ab"], n_best=2)
+    assert len(own.calls) == 1 and len(batch.calls) == 1
     text, text_session = text_model()
-    text.open_batch = lambda: batch
+    text_batch = Session(text_reply)
+    text.open_batch = lambda: text_batch
     text.translate_scored(["ab", "cd"], n_best=2, batch_size=8)
-    assert len(text_session.calls) == 1 and len(batch.calls) == 1
+    assert not text_session.calls and len(text_batch.calls) == 1
 
 
 def test_default_batches_hold_32_lines():
@@ -433,20 +408,11 @@ def test_a_text_model_is_fed_object_strings_and_int32_settings():
 
 
 def test_a_text_models_refusals_apply_to_n_best_lists_too():
-    old, _ = text_model({TEXT_INPUTS: "", TEXT_OUTPUTS: "translation,score"})
-    with pytest.raises(PipelineError, match="searches as exported"):
-        old.translate_scored(["ab"], beam=2)
     with pytest.raises(PipelineError, match="searches as exported"):
         text_model()[0].translate_scored(["ab"], max_length=4)
     with pytest.raises(PipelineError) as caught:
         text_model()[0].translate_scored(["ab"], beam=2, n_best=3)
     assert str(caught.value).startswith("n-best 3: a search with beam 2 returns 1 to 2")
-    with pytest.raises(PipelineError) as caught:
-        old.translate_scored(["ab"], n_best=2)
-    assert str(caught.value) == (
-        "this text model returns one translation per line (written before n-best lists): use "
-        "the generation model (model.onnx) for --n-best, or write the text model again "
-        "(python -m src.text_graph --help)")
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ def test_more_hypotheses_than_the_beam_is_a_bad_request_with_the_reason():
 class FakeTranslator:
     """Upper-cases each sentence; its n-best list adds lower-cased, worse-scored ones."""
 
-    default_beam, scored = 4, True
+    default_beam = 4
 
     def __init__(self):
         self.calls = []
@@ -243,14 +243,3 @@ def test_rich_requests_hand_the_translator_their_settings_and_blank_lines_score_
     assert got == [{"translation": "A", "score": -0.5, "confidence": 0.75},
                    {"translation": "", "score": None, "confidence": None}]
     assert model.translator.calls == [(["a", ""], 2, 40, 32, 1), ("confidence", "A")]
-
-
-def test_scores_from_a_model_exported_without_them_are_a_bad_request():
-    from src.runtime.serving import TranslationModel
-
-    model = TranslationModel()
-    model.translator = FakeTranslator()
-    model.translator.scored = False
-    refused(lambda: model.predict(None, ["a"], {"return_scores": True}),
-            "^this model version was exported before scores: re-export it for return_scores$")
-    assert model.predict(None, ["a"], {"n_best": 2})[0]["translation"] == "A"  # no scores asked

@@ -63,7 +63,7 @@ from src.graph import onnx_attention, row_norm, search_loop
 from src.graph.onnx_attention import MS_DOMAIN
 from src.nmt.model import Transformer
 from src.runtime.batch_graph import OPERATOR_OUTPUTS, STAND_INS
-from src.runtime.contract import N_BEST_BATCHES, SCORE_SWITCH, SEARCH_INPUTS, SEARCH_OUTPUTS
+from src.runtime.contract import SCORE_SWITCH, SEARCH_INPUTS, SEARCH_OUTPUTS
 
 IR_VERSION = 10  # onnx.helper.make_model's default (newer) is refused by ONNX Runtime 1.31
 SHARE_MIN_ELEMENTS = 1024  # smaller tensors are not worth moving to the outer graph
@@ -530,9 +530,6 @@ def assemble(encoder: onnx.ModelProto, decoder: onnx.ModelProto,
     opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="nmt-pipeline",
                               ir_version=IR_VERSION)
-    metadata = {**metadata, "outputs": ",".join(SEARCH_OUTPUTS)}
-    if loops:
-        metadata[N_BEST_BATCHES] = "loop"
     helper.set_model_props(model, {k: str(v) for k, v in metadata.items()})
     return model
 

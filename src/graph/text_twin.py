@@ -10,15 +10,13 @@ onnxruntime-extensions library and this one file (no Python, no separate tokeniz
     num_return_sequences  int32 (1,)    optional (left out: 1): hypotheses per sentence, 1 to
                                         the beam
     -> translation        string (B,)   the best translation of each sentence
-    -> score              float (B,)    its search score (generation models with
-                                        `sequences_scores`; a blank line's means nothing)
+    -> score              float (B,)    its search score (a blank line's means nothing)
     -> translations       string (B, N) the n-best list, best first (N = num_return_sequences)
-    -> scores             float (B, N)  their scores (with `score` only)
+    -> scores             float (B, N)  their scores
 
-The optional inputs and the n-best outputs are in files written since 2026-11-28 (evening); the
-metadata `text_inputs` and `text_outputs` name a file's. Left out, the search is the one the file
-was written with (metadata `beam_size`, `length_penalty`); the output length always follows
-`max_length_ratio`. `python -m src.text_graph` writes a twin with other defaults, e.g. greedy.
+Left out, the search is the one the file was written with (metadata `beam_size`,
+`length_penalty`); the output length always follows `max_length_ratio`. `python -m
+src.text_graph` writes a twin with other defaults, e.g. greedy.
 
 Inside: `SentencepieceTokenizer` (ai.onnx.contrib) gives every sentence's pieces as one flat
 tensor plus row offsets; plain ONNX ops cut each row to the model's source limit, append EOS
@@ -44,18 +42,16 @@ from src.runtime.contract import (
     SCORE_SWITCH,
     TEXT_FORMAT,
     TEXT_INPUT,
-    TEXT_INPUTS,
     TEXT_N_BEST_SCORES,
     TEXT_N_BEST_TEXTS,
     TEXT_OUTPUT,
-    TEXT_OUTPUTS,
     TEXT_SCORE,
     TEXT_SOURCE_TOKENIZER,
-    has_scores,
+    check_format,
 )
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"  # where onnxruntime-extensions registers its operators
-# the generation model's inputs a text client may still give (`TEXT_INPUTS`)
+# the generation model's inputs a text client may still give
 OPTIONAL_SEARCH_INPUTS = ("num_beams", "length_penalty", "num_return_sequences")
 INT64_MAX = 2**63 - 1
 
@@ -193,9 +189,7 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
     search is the export's unless `beam` / `length_penalty` say otherwise."""
     model = onnx.ModelProto.FromString(generation.SerializeToString())  # work on a copy
     meta = {p.key: p.value for p in model.metadata_props}
-    if meta.get("format") != GRAPH_FORMAT:
-        raise PipelineError(f"not a generation model written by src.export (metadata format "
-                            f"{meta.get('format')!r}, expected {GRAPH_FORMAT})")
+    check_format(meta, "the model", (GRAPH_FORMAT,))
     meta["beam_size"] = str(beam or int(meta["beam_size"]))
     if length_penalty is not None:
         meta["length_penalty"] = str(length_penalty)
@@ -219,14 +213,10 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
                                                       ["batch_size"]), *kept])
     outputs = [(TEXT_OUTPUT, TensorProto.STRING, ["batch_size"]),
                (TEXT_N_BEST_TEXTS, TensorProto.STRING, ["batch_size", "num_return_sequences"])]
-    if has_scores(meta):
-        outputs[1:1] = [(TEXT_SCORE, TensorProto.FLOAT, ["batch_size"])]
-        outputs.append((TEXT_N_BEST_SCORES, TensorProto.FLOAT,
-                        ["batch_size", "num_return_sequences"]))
-        decode = [*decode, helper.make_node("Identity", ["sequences_scores"],
-                                            [TEXT_N_BEST_SCORES]),
-                  helper.make_node("Gather", ["sequences_scores", "first"], [TEXT_SCORE],
-                                   axis=1)]
+    outputs[1:1] = [(TEXT_SCORE, TensorProto.FLOAT, ["batch_size"])]
+    outputs.append((TEXT_N_BEST_SCORES, TensorProto.FLOAT, ["batch_size", "num_return_sequences"]))
+    decode = [*decode, helper.make_node("Identity", ["sequences_scores"], [TEXT_N_BEST_SCORES]),
+              helper.make_node("Gather", ["sequences_scores", "first"], [TEXT_SCORE], axis=1)]
     del graph.output[:]
     graph.output.extend([helper.make_tensor_value_info(*output) for output in outputs])
     nodes = [*encode, *graph.node, *decode]
@@ -236,8 +226,6 @@ def wrap(generation: onnx.ModelProto, source_model: bytes, target_model: bytes,
     graph.name = "nmt text generation"
     model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     helper.set_model_props(model, {**meta, "format": TEXT_FORMAT,
-                                   TEXT_OUTPUTS: ",".join(name for name, *_ in outputs),
-                                   TEXT_INPUTS: ",".join(OPTIONAL_SEARCH_INPUTS),
                                    TEXT_SOURCE_TOKENIZER: base64.b64encode(source_model).decode()})
     return model
 

@@ -1,8 +1,7 @@
 """A file's search of a batch, without the BeamSearch operator beside it.
 
-Files written by src.export search one sentence with ONNX Runtime's BeamSearch operator (and,
-in files older than the `generation.N_BEST_BATCHES` metadata, every n-best list) and a batch
-with ONNX Loops, side by side in the main graph with the weights (`onnx_graph.both_searches`:
+Files written by src.export search one sentence with ONNX Runtime's BeamSearch operator and a
+batch with ONNX Loops, side by side in the main graph with the weights (`onnx_graph.both_searches`:
 ONNX Runtime pre-packs the weights of products only one scope up, so neither search can sit
 inside an If). ONNX Runtime runs every node of a graph on every call, so each batch also paid
 for one step of the operator on a one-token dummy, run after the Loop with the weights no
@@ -56,9 +55,9 @@ def _constant(name: str, element_type: int, shape: tuple[int, ...]) -> bytes:
 
 def without_operator(model: bytes) -> bytes | None:
     """`model` (an ONNX file's bytes) without its main graph's BeamSearch node that writes
-    OPERATOR_OUTPUTS, those two values made constants; None for a file whose batches that
-    node searches (no such node: the fp16 file; or no Loop beside it: files written before
-    the Loops)."""
+    OPERATOR_OUTPUTS, those two values made constants; None for a file without such a node
+    beside its Loops (the fp16 file, whose Loops search everything; a file assembled with
+    the operator alone, `onnx_graph.assemble(search="operator")`)."""
     return joined(model, pieces_without_operator(model))
 
 

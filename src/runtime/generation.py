@@ -23,17 +23,13 @@ from src.data.subword import decode_ids
 from src.runtime import confidence, placement
 from src.runtime.contract import (
     GRAPH_FORMAT,
-    N_BEST_BATCHES,
     TEXT_FORMAT,
     TEXT_INPUT,
-    TEXT_INPUTS,
     TEXT_N_BEST_SCORES,
     TEXT_N_BEST_TEXTS,
     TEXT_OUTPUT,
-    TEXT_OUTPUTS,
-    TEXT_SCORE,
     TEXT_SOURCE_TOKENIZER,
-    has_scores,
+    check_format,
     max_new_tokens,
     pad_rows,
     run_search,
@@ -64,16 +60,14 @@ class LoadedModel:
                                                           repr=False)
     _batch: list = field(default_factory=list, init=False, repr=False)  # [session] once opened
 
-    def session_for(self, rows: int, n_best: int = 1):
+    def session_for(self, rows: int):
         """The session that searches `rows` sentences for `n_best` hypotheses each: the
         translator's own for one sentence (the file's BeamSearch operator searches it; on the
         CPU the file opened as that operator alone, `open_operator_session`), for a batch the
         file without that operator where there is one (opened on the first batch), which
-        spares each batch the operator's one-token dummy step. A batch's n-best lists too,
-        where the file's Loop returns them (`N_BEST_BATCHES`); in older files only the
-        operator does."""
-        if rows < 2 or self.open_batch is None or (
-                n_best > 1 and self.meta.get(N_BEST_BATCHES) != "loop"):
+        spares each batch the operator's one-token dummy step (n-best lists too: the Loop
+        returns them)."""
+        if rows < 2 or self.open_batch is None:
             return self.session
         return self.batch_session or self.session
 
@@ -106,16 +100,9 @@ class LoadedModel:
         """Which provider runs how many nodes (`placement.describe`)."""
         return placement.describe(self.session)
 
-    @property
-    def scored(self) -> bool:
-        """Whether the file returns scores (files written before them do not)."""
-        return has_scores(self.meta)
-
     def confidence(self, best: Scored) -> float | None:
         """The confidence of a line's best translation (src/runtime/confidence.py), from the
-        calibration in the file's metadata; None without a score."""
-        if best.score is None:
-            return None
+        calibration in the file's metadata; None without one."""
         feature = confidence.mean_logp(best.score, best.tokens,
                                        float(self.meta["length_penalty"]))
         return confidence.confidence(feature, self.calibration)
@@ -128,12 +115,12 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class Scored:
-    """A translation with what the search says of it: its score (None from a file without
-    scores) and its length as the score counts it (target tokens, EOS included unless the
-    output limit cut it; None where unknown: a text model returns no ids)."""
+    """A translation with what the search says of it: its score and its length as the score
+    counts it (target tokens, EOS included unless the output limit cut it; None where unknown:
+    a text model returns no ids)."""
 
     text: str
-    score: float | None
+    score: float
     tokens: int | None
 
 
@@ -183,9 +170,8 @@ class Translator(LoadedModel):
         """`n_best` scored translations of each row of a batch, best first."""
         src = pad_rows(rows, self.pad)
         new_tokens = self.new_tokens(src.shape[1], max_length)
-        found = run_search_scored(self.session_for(len(rows), n_best), src, new_tokens, beam,
-                                  float(self.meta["length_penalty"]), self.pad, n_best,
-                                  self.scored)
+        found = run_search_scored(self.session_for(len(rows)), src, new_tokens, beam,
+                                  float(self.meta["length_penalty"]), self.pad, n_best)
         # one decode_ids call for the batch: one per sentence cost nearly a third of the Python
         # that scores add to a batch (docs/serving.md)
         texts = iter(decode_ids(self.target, [h.ids for hyps in found for h in hyps], self.eos))
@@ -232,96 +218,62 @@ def check_n_best(n_best: int, beam: int) -> None:
 @dataclass
 class TextTranslator(LoadedModel):
     """A text model (`TEXT_FORMAT`): strings in, strings out, the search settings of its
-    export by default (its metadata says which; files with `TEXT_INPUTS` take another beam);
-    no tokenizer files needed."""
+    export unless a call names another beam; no tokenizer files needed."""
 
     def run(self, lines: list[str], beam: int | None = None) -> list[str]:
-        session = self.session_for(len(lines))
-        feeds = {TEXT_INPUT: np.array(lines, dtype=object), **score_switch(session, False),
+        feeds = {TEXT_INPUT: np.array(lines, dtype=object), **score_switch(False),
                  **self.search_feeds(beam)}
-        return [str(t) for t in session.run([TEXT_OUTPUT], feeds)[0]]
+        return [str(t) for t in self.session_for(len(lines)).run([TEXT_OUTPUT], feeds)[0]]
 
     def run_scored(self, lines: list[str], n_best: int = 1,
                    beam: int | None = None) -> list[tuple[Scored, ...]]:
-        """Each line's `n_best` translations with their scores (None from a file without
-        scores), best first; their lengths are not known (the file returns text, not ids)."""
-        session = self.session_for(len(lines), n_best)
-        feeds = {TEXT_INPUT: np.array(lines, dtype=object),
-                 **score_switch(session, self.scored), **self.search_feeds(beam, n_best)}
-        names = ([TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES] if self.has_n_best
-                 else [TEXT_OUTPUT, TEXT_SCORE])  # files written before n-best lists
-        outputs = session.run(names[:1 + self.scored], feeds)
+        """Each line's `n_best` translations with their scores, best first; their lengths are
+        not known (the file returns text, not ids)."""
+        feeds = {TEXT_INPUT: np.array(lines, dtype=object), **score_switch(True),
+                 **self.search_feeds(beam, n_best)}
+        outputs = self.session_for(len(lines)).run([TEXT_N_BEST_TEXTS, TEXT_N_BEST_SCORES],
+                                                   feeds)
         # ONNX Runtime returns strings as object arrays, and numpy reads -2 as -1: pragma: no
         # mutate on these lines
         texts = np.asarray(outputs[0], dtype=object).reshape(len(lines), -1)  # pragma: no mutate
-        scores = (np.asarray(outputs[1]).reshape(len(lines), -1)  # pragma: no mutate
-                  if self.scored else np.full(texts.shape, None))
-        return [tuple(Scored(str(t), None if s is None else float(s), None)
-                      for t, s in zip(row_texts, row_scores))
+        scores = np.asarray(outputs[1]).reshape(len(lines), -1)  # pragma: no mutate
+        return [tuple(Scored(str(t), float(s), None) for t, s in zip(row_texts, row_scores))
                 for row_texts, row_scores in zip(texts, scores)]
 
-    def search_feeds(self, beam: int | None, n_best: int = 1) -> dict[str, np.ndarray]:
-        """The optional search inputs this file takes, for `beam` (None: the export's) and
-        `n_best`; none for a file written before them."""
-        feeds = {}
-        if beam is not None and "num_beams" in self.optional_inputs:
+    @staticmethod
+    def search_feeds(beam: int | None, n_best: int = 1) -> dict[str, np.ndarray]:
+        """The optional search inputs for `beam` (None: the export's, the input's default)
+        and `n_best`."""
+        feeds = {"num_return_sequences": np.array([n_best], np.int32)}
+        if beam is not None:
             feeds["num_beams"] = np.array([beam], np.int32)
-        if self.has_n_best:
-            feeds["num_return_sequences"] = np.array([n_best], np.int32)
         return feeds
 
-    @property
-    def optional_inputs(self) -> list[str]:
-        """The search inputs the file takes beside `text`, each with the export's value as its
-        default (metadata `TEXT_INPUTS`; none in files written before them)."""
-        return [name for name in self.meta.get(TEXT_INPUTS, "").split(",") if name]
-
-    @property
-    def has_n_best(self) -> bool:
-        """Whether the file returns n-best lists (its metadata `text_outputs` names them)."""
-        return TEXT_N_BEST_TEXTS in self.meta.get(TEXT_OUTPUTS, "").split(",")
-
-    def check_search(self, beam: int | None, max_length: int | None) -> None:
-        """Refuse settings the file cannot honour: an output length (the file derives it from
-        the source), and in files written before `num_beams` was an input, another beam."""
-        fixed_beam = "num_beams" not in self.optional_inputs
-        if max_length or (fixed_beam and beam not in (None, self.default_beam)):
-            fixed = ((f"beam {self.default_beam}, ", "--beam/--max-length") if fixed_beam
-                     else ("", "--max-length"))  # files with the input take another beam
-            raise PipelineError(f"a text model searches as exported ({fixed[0]}output length "
-                                f"by ratio {self.meta['max_length_ratio']}): use the "
-                                f"generation model (model.onnx) for {fixed[1]}, or write a "
-                                f"text model with other settings (python -m src.text_graph "
-                                f"--help)")
+    def check_search(self, max_length: int | None) -> None:
+        """Refuse an output length: the file derives it from the source."""
+        if max_length:
+            raise PipelineError(f"a text model searches as exported (output length by ratio "
+                                f"{self.meta['max_length_ratio']}): use the generation model "
+                                f"(model.onnx) for --max-length, or write a text model with "
+                                f"other settings (python -m src.text_graph --help)")
 
     def check_n_best(self, n_best: int, beam: int | None = None) -> None:
-        """Refuse an n-best list longer than the beam (None: the file's), or one from a file
-        written before text models returned them."""
+        """Refuse an n-best list longer than the beam (None: the file's)."""
         check_n_best(n_best, beam or self.default_beam)
-        if n_best > 1 and not self.has_n_best:
-            raise PipelineError("this text model returns one translation per line (written "
-                                "before n-best lists): use the generation model (model.onnx) "
-                                "for --n-best, or write the text model again (python -m "
-                                "src.text_graph --help)")
 
     @cached_property
     def source(self):
-        """The source SentencePiece model from the metadata; None in a file written before
-        it was there (whose batches then go by characters)."""
-        encoded = self.meta.get(TEXT_SOURCE_TOKENIZER)
-        if not encoded:
-            return None
+        """The source SentencePiece model from the metadata."""
         import base64
 
         import sentencepiece as spm
 
-        return spm.SentencePieceProcessor(model_proto=base64.b64decode(encoded))
+        return spm.SentencePieceProcessor(
+            model_proto=base64.b64decode(self.meta[TEXT_SOURCE_TOKENIZER]))
 
-    def source_lengths(self, lines: list[str]) -> dict[int, int] | None:
+    def source_lengths(self, lines: list[str]) -> dict[int, int]:
         """Source tokens of each non-blank line as `Translator.encode` counts them (EOS
-        included, cut to the model's limit), or None without the tokenizer."""
-        if self.source is None:
-            return None
+        included, cut to the model's limit)."""
         return {i: min(len(self.source.encode(line)), self.source_piece_limit) + 1
                 for i, line in enumerate(lines) if line.strip()}
 
@@ -331,7 +283,7 @@ class TextTranslator(LoadedModel):
                   ) -> list[str]:
         """As `Translator.translate` (the same batches); a source longer than the model's
         limit is cut inside the graph, silently."""
-        self.check_search(beam, max_length)
+        self.check_search(max_length)
         return translate_in_batches(lines, batch_size,
                                     lambda idx: self.run([lines[i] for i in idx], beam),
                                     self.source_lengths(lines))
@@ -341,7 +293,7 @@ class TextTranslator(LoadedModel):
                          first_line_no: int = 1,  # pragma: no mutate (unused here)
                          n_best: int = 1) -> list[tuple[Scored, ...]]:
         """As `translate`, each line's `n_best` translations with their scores."""
-        self.check_search(beam, max_length)
+        self.check_search(max_length)
         self.check_n_best(n_best, beam)
         return translate_in_batches(lines, batch_size,
                                     lambda idx: self.run_scored([lines[i] for i in idx], n_best,
@@ -364,14 +316,11 @@ def load_translator(model_path: Path, tokenizer_dir: Path | None = None, provide
     # batches keep the file's own session.
     open_batch = (partial(open_batch_session, model_path, provider, threads, warn)
                   if session.get_providers()[0] == placement.CPU else None)
-    if meta.get("format") == TEXT_FORMAT:
+    if check_format(meta, model_path, (GRAPH_FORMAT, TEXT_FORMAT)) == TEXT_FORMAT:
         if tokenizer_dir is not None:
             raise PipelineError(f"{model_path} is a text model with its tokenizer inside; "
                                 f"drop --tokenizer")
         return TextTranslator(session, meta, open_batch=open_batch)
-    if meta.get("format") != GRAPH_FORMAT:
-        raise PipelineError(f"{model_path} is not a translation model written by src.export "
-                            f"(metadata format {meta.get('format')!r}, expected {GRAPH_FORMAT})")
     return Translator(session, meta, *load_tokenizers_for(model_path, tokenizer_dir, meta),
                       warn=warn, open_batch=open_batch)
 

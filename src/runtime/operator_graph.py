@@ -144,8 +144,8 @@ def _simple_node(op_type: str, inputs: list[str], outputs: list[str],
 def operator_only(model) -> bytes | None:
     """`model` (an ONNX file's bytes) as its BeamSearch operator alone, see the module's
     docstring; None for a file whose operator already holds its weights (no Loop beside it:
-    files written before the Loops), that has no such operator (the fp16 file), or whose
-    inputs and outputs are not the search's (the text twins)."""
+    `onnx_graph.assemble(search="operator")`), that has no such operator (the fp16 file), or
+    whose inputs and outputs are not the search's (the text twins)."""
     return joined(model, pieces_operator_only(model))
 
 

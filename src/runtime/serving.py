@@ -196,9 +196,6 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         if not request.rich:
             return self.translator.translate(sentences, request.beam, request.max_length,
                                              batch_size=32)
-        if request.return_scores and not self.translator.scored:
-            raise bad_request("this model version was exported before scores: re-export it "
-                              "for return_scores")
         found = self.translator.translate_scored(sentences, request.beam, request.max_length,
                                                  batch_size=32, n_best=request.n_best)
         return [answer(hyps, request, self.translator) for hyps in found]

@@ -22,7 +22,7 @@ from pathlib import Path
 from src.core.errors import PipelineError
 from src.data.subword import CJK_RANGES
 from src.runtime import confidence, placement
-from src.runtime.contract import GRAPH_FORMAT, MAX_BEAM
+from src.runtime.contract import GRAPH_FORMAT, MAX_BEAM, check_format
 from src.runtime.generation import load_tokenizers_for
 
 WEB = Path(__file__).resolve().parents[2] / "web"  # the page's sources and npm packages
@@ -79,9 +79,7 @@ def check_model(model: Path) -> dict[str, str]:
     if kind.weights == "fp16":
         raise PipelineError(f"{model.name} holds float16 weights for CUDA; the browser's "
                             "WebAssembly runs model.int8.onnx or model.onnx")
-    if meta.get("format") != GRAPH_FORMAT:
-        raise PipelineError(f"{model} is not a model written by src.export (metadata format "
-                            f"{meta.get('format')!r}, expected {GRAPH_FORMAT!r})")
+    check_format(meta, model, (GRAPH_FORMAT,))
     return meta
 
 

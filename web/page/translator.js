@@ -46,7 +46,6 @@ export function lengthBatches(lengths, batchSize) {
 
 // src/runtime/confidence.py mean_logp, confidence and Calibration
 export function confidence(score, tokens, lengthPenalty, calibration) {
-  if (score === null) return null;
   let feature;
   if (lengthPenalty === 1.0) feature = score;
   else if (!tokens) return null;
@@ -107,7 +106,6 @@ export class Translator {
     Object.assign(this, { config, session, source, target });
     this.joinCjk = cjkJoiner(config.cjk_ranges);
     this.threads = ort.env.wasm.numThreads;
-    this.scored = session.outputNames.includes('sequences_scores');
   }
 
   // Source ids + EOS, cut to the model's limit; `warn` gets Python's warning line.
@@ -162,13 +160,12 @@ export class Translator {
       num_return_sequences: one('int32', nBest),
       length_penalty: one('float32', lengthPenalty),
       repetition_penalty: one('float32', 1.0),
+      return_scores: one('int32', 1), // optional, but the web build wants every input fed
     };
-    // The web build wants every input fed, the optional score switch included.
-    if (this.session.inputNames.includes('return_scores')) feeds.return_scores = one('int32', 1);
     const outputs = await this.session.run(feeds);
     const [, n, t] = outputs.sequences.dims;
     const sequences = outputs.sequences.data;
-    const scores = this.scored ? outputs.sequences_scores.data : null;
+    const scores = outputs.sequences_scores.data;
     const calibration = this.config.calibration;
     return rows.map((_, r) => {
       const hypotheses = [];
@@ -177,7 +174,7 @@ export class Translator {
         const tokenIds = Array.from(sequences.subarray(start + 1, start + t)).filter((x) => x !== pad);
         hypotheses.push({
           text: this.decode(tokenIds),
-          score: scores === null ? null : scores[r * n + h],
+          score: scores[r * n + h],
           tokens: tokenIds.length + (tokenIds.length < newTokens ? 1 : 0),
         });
       }
