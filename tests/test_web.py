@@ -24,7 +24,7 @@ from test_export import exported_project
 from toy_corpus import toy_pairs
 
 from src.core.errors import PipelineError
-from src.runtime.contract import GRAPH_FORMAT
+from src.runtime.contract import GRAPH_FORMAT, TEXT_FORMAT
 from src.webpage import site_server as server
 from src.webpage import site_writer as site
 
@@ -63,9 +63,10 @@ def fake_model(path: Path, **metadata: str) -> Path:
 
 
 @pytest.mark.parametrize(("metadata", "fragment"), [
-    ({"format": "nmt-text-1"}, "is a text model"),
+    ({"format": TEXT_FORMAT}, "is a text model"),
     ({"format": GRAPH_FORMAT, "weights": "fp16"}, "float16 weights for CUDA"),
-    ({"format": "something-else"}, "is not a model written by src.export"),
+    ({"format": "nmt-beamsearch-1"}, "written by an older version of the export"),
+    ({"format": "something-else"}, "is not a translation model written by src.export"),
 ])
 def test_build_refuses_files_the_browser_cannot_run(tmp_path, metadata, fragment):
     with pytest.raises(PipelineError, match=fragment):
