@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
 
 from src.core import paths  # noqa: E402
-from src.core.scoring import bleu  # noqa: E402
+from src.core.metrics import bleu  # noqa: E402
 from src.data.subword import decode_ids, drop_broken_bytes  # noqa: E402
 from src.runtime import contract, generation, placement  # noqa: E402  (no onnxruntime until a session opens)
 from src.runtime.length_batches import translate_in_batches  # noqa: E402

@@ -36,10 +36,10 @@ from src.data.batching import make_batch, token_batches
 from src.data.subword import load_tokenizers
 from src.nmt.model import Transformer, model_config
 from src.training import loss, validation
-from src.training.fit import training_corpus
 from src.training.host_memory import ALLOCATOR_CHOICES, allocator_in_use, use_allocator
 from src.training.resume import ResumeStore
-from src.training.trainer import Trainer, set_seed
+from src.training.stage import training_corpus
+from src.training.step import Trainer, set_seed
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

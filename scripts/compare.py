@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-from src.core.scoring import bleu_tokenizer  # noqa: E402
+from src.core.metrics import bleu_tokenizer  # noqa: E402
 
 COLUMNS = ("source", "reference", "hypothesis")
 

@@ -161,7 +161,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
 def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
     from datasets import load_from_disk
 
-    from src.core.scoring import bleu
+    from src.core.metrics import bleu
     from src.data.subword import load_tokenizers
     from src.runtime import generation
 
@@ -207,7 +207,7 @@ def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict
     sentences, token for token), then BLEU and sentences/s on the whole test split."""
     from datasets import load_from_disk
 
-    from src.core.scoring import bleu
+    from src.core.metrics import bleu
     from src.data.subword import load_tokenizers
     from src.nmt import checkpoint
     from src.nmt.search import translate_ids
@@ -388,7 +388,7 @@ def train_rows(root: Path, steps: int, work: Path) -> list[dict]:
     """The train stage's own code for `steps` steps in auto precision and in fp32."""
     from src.core.params import ModelParams, TrainParams, load_params
     from src.training.distributed import World
-    from src.training.fit import train
+    from src.training.stage import train
 
     params_file = root / "params.yaml"
     model_params = load_params(ModelParams, path=params_file)

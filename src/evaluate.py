@@ -32,6 +32,7 @@ from src.core import paths, tracking
 from src.core.atomic import atomic_path, write_json
 from src.core.cli import run_cli
 from src.core.errors import require_file
+from src.core.metrics import bleu_tokenizer, score, score_by_length, sentence_chrf
 from src.core.params import EvaluateParams, load_params
 from src.core.reports import (
     EVALUATE_HEADLINE,
@@ -40,7 +41,6 @@ from src.core.reports import (
     write_curve,
     write_report,
 )
-from src.core.scoring import bleu_tokenizer, score, score_by_length, sentence_chrf
 from src.data.subword import check_encoded_with, load_tokenizers
 from src.nmt import checkpoint
 from src.nmt.search import translate_ids

@@ -36,7 +36,7 @@ from src.core.errors import PipelineError, require_file
 from src.core.params import ExportParams, load_params
 from src.core.reports import EXPORT_HEADLINE, write_report
 from src.data.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with, load_tokenizers
-from src.graph import onnx_graph, score_graph
+from src.graph import likelihood_graph, onnx_graph
 from src.graph.verify import write_verified
 from src.nmt import checkpoint
 from src.runtime import contract, sessions
@@ -150,7 +150,7 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
         start = time.perf_counter()
         built = onnx_graph.build(model, metadata, cfg.opset,
                                  Path(work) if cfg.quantize else None, cfg.fp16)
-        scorer = score_graph.export_scorer(model, cfg.opset, metadata)
+        scorer = likelihood_graph.export_scorer(model, cfg.opset, metadata)
         result = {"export_seconds": round(time.perf_counter() - start, 1)}
         result.update(write_verified(built.fp32, built.int8, (onnx_path, int8_path), model, tok,
                                      part, cfg, tokenizer_dir, built.fp16, fp16_path, valid,

@@ -4,7 +4,7 @@
     python -m src.score pairs.tsv --format jsonl --output scores.jsonl
 
 The log-probability of each target given its source, by teacher forcing through the scoring
-file export writes (src/graph/score_graph.py), as CTranslate2's `score_batch` and fairseq's
+file export writes (src/graph/likelihood_graph.py), as CTranslate2's `score_batch` and fairseq's
 `--score-reference` give it: per sentence (sum over the target's tokens, EOS included, and the
 mean per token) and, in JSON Lines, per token with its piece. Corpus cleaning sorts pairs by it:
 the least likely are often misaligned or noisy. TSV out: line, log-probability, mean per token,
@@ -23,7 +23,7 @@ from src.core.atomic import write_text
 from src.core.cli import run_cli
 from src.core.errors import PipelineError
 from src.core.text import read_lines
-from src.runtime.forced import PairScore, load_scorer
+from src.runtime.likelihood import PairScore, load_scorer
 from src.runtime.sessions import DEFAULT_THREADS
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)

@@ -36,10 +36,10 @@ from src.core.cli import run_cli
 from src.core.errors import require_file
 from src.core.params import FinetuneParams, ModelParams, TrainParams, load_params
 from src.training import distributed
-from src.training.fit import train
 from src.training.host_memory import use_allocator
 from src.training.init_from import finetune_recipe
 from src.training.resume import note
+from src.training.stage import train
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 

@@ -170,7 +170,7 @@ def step_gradients(rank: int, size: int, init_file: str, out_dir: str) -> None:
     from src.training.distributed import World
     from src.training.precision import Precision
     from src.training.resume import ResumeStore
-    from src.training.trainer import Trainer
+    from src.training.step import Trainer
 
     torch.set_num_threads(1)
     if size > 1:

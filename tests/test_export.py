@@ -1578,7 +1578,7 @@ def test_every_file_carries_the_confidence_curve_fitted_on_valid(project):
 def test_the_scoring_file_gives_pytorchs_teacher_forced_log_probabilities(project, tmp_path):
     from datasets import load_from_disk
 
-    from src.graph.score_graph import token_logprobs
+    from src.graph.likelihood_graph import token_logprobs
 
     test = load_from_disk(str(project / "data/tokenized"))["test"]
     pairs = list(zip(test["source"], test["target"]))[:30]

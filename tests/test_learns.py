@@ -17,7 +17,7 @@ from src.data.subword import train_spm
 from src.nmt.model import ModelConfig, Transformer
 from src.nmt.search import greedy_search
 from src.training.resume import ResumeStore
-from src.training.trainer import Trainer
+from src.training.step import Trainer
 
 pytestmark = pytest.mark.slow
 

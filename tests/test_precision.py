@@ -20,7 +20,7 @@ from src.training.distributed import World
 from src.training.loss import label_smoothed_cross_entropy
 from src.training.precision import Precision, cpu_bf16_feature, resolve_precision
 from src.training.resume import ResumeStore
-from src.training.trainer import Trainer
+from src.training.step import Trainer
 
 CPU = torch.device("cpu")
 
@@ -205,7 +205,7 @@ def toy_data(tmp_path_factory):
 
 def train_in_process(root, monkeypatch, feature: str, **train):
     from src.core.params import ModelParams
-    from src.training.fit import train as train_stage
+    from src.training.stage import train as train_stage
 
     fake_cpu(monkeypatch, feature)
     model_params = ModelParams(d_model=64, n_heads=4, n_layers=2, ffn_dim=128, dropout=0.0,

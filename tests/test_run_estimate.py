@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import train_cfg
 
+from src.training.epochs import RunClock
 from src.training.estimate import (
     Budget,
     Pace,
@@ -17,7 +18,6 @@ from src.training.estimate import (
     per_item,
     work_left,
 )
-from src.training.loop import RunClock
 from src.training.resume import TrainState
 
 

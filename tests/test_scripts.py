@@ -229,7 +229,7 @@ def compare_cli(*args: Path | str) -> subprocess.CompletedProcess:
 def test_compare_finds_the_better_system_and_scores_as_evaluate_does(tmp_path):
     from toy_corpus import toy_pairs
 
-    from src.core.scoring import bleu
+    from src.core.metrics import bleu
 
     pairs = toy_pairs()[::9]  # 120 pairs
     refs = [zh for _, zh in pairs]

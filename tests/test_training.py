@@ -26,10 +26,10 @@ from src.data.batching import Ragged, make_batch, token_batches
 from src.data.subword import BOS, EOS, PAD, UNK
 from src.nmt import checkpoint
 from src.nmt.model import ModelConfig, Transformer
-from src.training.loop import out_of_budget
+from src.training.epochs import out_of_budget
 from src.training.resume import TrainState
 from src.training.selection import EpochSelection
-from src.training.trainer import lr_factor
+from src.training.step import lr_factor
 from src.training.validation import token_loss
 
 
@@ -563,7 +563,7 @@ def test_a_stage_that_raises_ends_its_run_and_repro_run_failed(tmp_path, monkeyp
 def test_the_train_curve_ends_at_the_last_step():
     """A 40-step run with log_every_steps 50 wrote an empty train_curve.csv (DVC warned of
     it); a longer one ended its curve at the last multiple of 50, not at its last step."""
-    from src.training.fit import train_curve_rows
+    from src.training.stage import train_curve_rows
 
     short = TrainState(step=40, last_loss=9.12345, train_seconds=4.0, tokens_seen=8000)
     assert train_curve_rows(short, lr=1e-4) == [
@@ -577,7 +577,7 @@ def test_the_train_curve_ends_at_the_last_step():
 
 
 def test_a_log_that_is_not_a_terminal_gets_a_progress_line_with_the_epochs_and_runs_eta():
-    from src.training.loop import progress_line
+    from src.training.epochs import progress_line
 
     line = progress_line(1_200, "3/64", 300, 1_000, 4.56789, 5_432.4, "2 min 20 s",
                          "3 h 41 min")

@@ -17,9 +17,9 @@ import onnx
 from src.core import paths
 from src.core.atomic import atomic_path
 from src.core.errors import PipelineError
+from src.core.metrics import score as corpus_scores
+from src.core.metrics import sentence_chrf
 from src.core.params import ExportParams
-from src.core.scoring import score as corpus_scores
-from src.core.scoring import sentence_chrf
 from src.core.special_ids import EOS, PAD
 from src.data.batching import clip_source
 from src.data.subword import Tokenizers
@@ -127,8 +127,8 @@ def check_scorer(path: Path, model, part, cfg: ExportParams) -> dict:
     import numpy as np
     import torch
 
-    from src.graph.score_graph import token_logprobs
-    from src.runtime.forced import SCORE_INPUTS, SCORE_OUTPUT
+    from src.graph.likelihood_graph import token_logprobs
+    from src.runtime.likelihood import SCORE_INPUTS, SCORE_OUTPUT
 
     check_graph(path)
     session = open_session(path)

@@ -1,3 +1,3 @@
-"""Training: one optimizer step (trainer: the loss module, AdamW, the schedule), the epoch loop
-with its stops and saves (loop), the stage's work end to end (fit), exact resume, epoch
-selection, validation, data-parallel ranks, precision."""
+"""Training, layer by layer: the train stage's work end to end (stage), its epoch loop with
+the stops and saves (epochs), one optimizer step (step: the loss module, AdamW, the schedule);
+exact resume, epoch selection, validation, data-parallel ranks, precision."""

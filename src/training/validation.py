@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from src.core import failpoints
-from src.core.scoring import bleu as corpus_bleu
+from src.core.metrics import bleu as corpus_bleu
 from src.data.batching import make_batch, token_batches
 from src.data.subword import PAD, Tokenizers
 from src.nmt.model import Transformer, matmul_input

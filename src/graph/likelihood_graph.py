@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from src.core.special_ids import BOS, PAD
 from src.graph.onnx_graph import IR_VERSION, ban_bias, quiet_export
 from src.nmt.model import Transformer
-from src.runtime.forced import SCORE_FORMAT, SCORE_INPUTS, SCORE_OUTPUT
+from src.runtime.likelihood import SCORE_FORMAT, SCORE_INPUTS, SCORE_OUTPUT
 
 
 class ForcedScore(nn.Module):

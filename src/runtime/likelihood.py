@@ -1,4 +1,4 @@
-"""Scoring given translations with the scoring file (src/graph/score_graph.py): numpy,
+"""Scoring given translations with the scoring file (src/graph/likelihood_graph.py): numpy,
 onnxruntime and sentencepiece only, as src.infer. A pair is scored in batches of similar
 length; its log-probability is the sum of its target tokens' (EOS included), its mean the
 same per token."""

@@ -29,7 +29,7 @@ from src.data.batching import (
 from src.training.estimate import Pace, RunEstimate, budget, epoch_steps_left, work_left
 from src.training.resume import TrainState
 from src.training.selection import EpochSelection
-from src.training.trainer import Trainer
+from src.training.step import Trainer
 from src.training.validation import ValidScorer
 
 

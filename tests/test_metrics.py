@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from src.core.metrics import bleu, bleu_tokenizer, length_bucket, score, score_by_length
 from src.core.reports import LENGTH_BUCKETS
-from src.core.scoring import bleu, bleu_tokenizer, length_bucket, score, score_by_length
 from src.evaluate import length_side
 
 
@@ -82,7 +82,7 @@ def test_signatures_name_the_tokenizer_and_come_only_when_asked():
 
 
 def test_each_sentence_gets_its_own_chrf_against_its_own_reference():
-    from src.core.scoring import sentence_chrf
+    from src.core.metrics import sentence_chrf
 
     got = sentence_chrf(["the cat sat", "a dog", "xyz"], ["the cat sat", "the dog", "abc"])
     assert got[0] == 100.0 and got[2] == 0.0 and 0 < got[1] < 100

@@ -21,12 +21,12 @@ from src.data.subword import check_encoded_with, load_tokenizers
 from src.nmt import checkpoint
 from src.nmt.model import Transformer, count_parameters, model_config
 from src.training.distributed import World
+from src.training.epochs import run_training
 from src.training.host_memory import allocator_in_use, keep_freed_memory
 from src.training.init_from import check_dims, parent_record, parent_tags
-from src.training.loop import run_training
 from src.training.precision import resolve_precision
 from src.training.resume import ResumeStore, data_digest, note, trajectory_params
-from src.training.trainer import Trainer, set_seed
+from src.training.step import Trainer, set_seed
 from src.training.validation import ValidScorer, validation_bleu
 
 
