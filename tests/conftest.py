@@ -22,6 +22,18 @@ settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+# Marks that say what a test needs; each of them costs tens of seconds at least.
+NEEDS = ("e2e", "browser", "venv", "gpu")
+
+
+def pytest_collection_modifyitems(items):
+    """A test that needs a pipeline run, a browser, a fresh environment or the GPU check is
+    slow as well, so the inner loop's `-m "not slow"` never waits for one."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in NEEDS):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def toy_tsv(tmp_path: Path) -> Path:
     from toy_corpus import toy_tsv
@@ -41,3 +53,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def exported_toy(tmp_path_factory) -> Path:
+    """The toy project trained and exported once per pytest run (tests/toy_projects.py), which
+    test_export and test_web read; a test that changes a project works on a copy of it."""
+    from toy_projects import exported_project
+
+    return exported_project(tmp_path_factory.mktemp("exported"))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import atexit
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -172,21 +175,44 @@ def train_cfg(**overrides):
     return TrainParams(**{**base, **overrides})
 
 
+# Projects tokenized in this pytest run, by the params their three stages read: a later
+# tokenize_toy with the same settings copies one (the stages' outputs name no path of their
+# root, so a copy is what the stages would write) instead of running them again.
+_TOKENIZED: dict[str, Path] = {}
+TOKENIZE_SECTIONS = ("download", "split", "tokenize")
+
+
 def tokenize_toy(root: Path, **overrides: dict) -> Path:
     """A scratch project with the toy corpus downloaded, split and tokenized."""
     from toy_corpus import toy_tsv
 
     root = scratch_root(root, **overrides)
-    (root / "toy.tsv").write_text(toy_tsv(), encoding="utf-8")
-    text = (
-        (root / "params.yaml")
-        .read_text()
-        .replace("https://www.manythings.org/anki/cmn-eng.zip", str(root / "toy.tsv"))
-    )
-    (root / "params.yaml").write_text(text)
-    for stage in ("download", "split", "tokenize"):
+    corpus = toy_corpus_file()
+    if not corpus.exists():
+        corpus.write_text(toy_tsv(), encoding="utf-8")
+        atexit.register(corpus.unlink, True)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["download"]["url"] = str(corpus)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    key = json.dumps([params[name] for name in TOKENIZE_SECTIONS], sort_keys=True)
+    if key in _TOKENIZED:
+        for name in ("data", "models"):
+            shutil.copytree(_TOKENIZED[key] / name, root / name, dirs_exist_ok=True)
+        return root
+    for stage in TOKENIZE_SECTIONS:
         assert run_stage(root, stage).returncode == 0
+    cached = Path(tempfile.mkdtemp(prefix="tokenized-"))
+    atexit.register(shutil.rmtree, cached, True)
+    for name in ("data", "models"):
+        shutil.copytree(root / name, cached / name)
+    _TOKENIZED[key] = cached
     return root
+
+
+def toy_corpus_file() -> Path:
+    """The toy corpus as one file per pytest run, so every project's download.url is the same
+    and their tokenized outputs are alike byte for byte."""
+    return Path(tempfile.gettempdir()) / f"nmt-toy-corpus-{os.getpid()}.tsv"
 
 
 def set_train_params(root: Path, **train) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import csv
 import re
 
+import pytest
 from helpers import TINY_PARAMS, run_stage, tokenize_toy
 
 LR = 0.001
 
 
+@pytest.mark.slow  # trains
 def test_bidirectional_epochs_are_twice_as_long_and_the_cosine_horizon_counts_them(tmp_path):
     root = tokenize_toy(tmp_path, **{**TINY_PARAMS, "train": {
         "epochs": 3, "max_steps": 0, "max_tokens": 400, "warmup_steps": 0, "lr": LR,

@@ -46,7 +46,7 @@ def test_onnx_only_and_pytorch_only_are_refused_together(tmp_path):
     assert not (tmp_path / "o.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.gpu
 def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     root = tokenize_toy(tmp_path / "p", **TINY_PARAMS)
     set_train_params(root, max_steps=150, epochs=100, threads=1)

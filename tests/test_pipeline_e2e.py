@@ -25,7 +25,7 @@ from helpers import GIT_ENV, TINY_PARAMS, git_project, sh, write_pairs
 from hub_repos import sacrebleu_set
 from toy_corpus import toy_tsv
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
 TINY = {
     **TINY_PARAMS,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, clean_environ, run_stage
-from test_export import exported_project
+from toy_projects import exported_project
 
 pytestmark = pytest.mark.slow
 SENTENCES = ["I have two cats.", "She likes three dogs.", "They see one bird."]
@@ -238,6 +238,7 @@ def fresh_venv(where: Path, *pip_args: str) -> Path:
     return python
 
 
+@pytest.mark.venv
 def test_the_registered_model_runs_in_an_environment_of_its_own_requirements(
         tracking, cli_translations, tmp_path):
     """What `mlflow models serve --env-manager uv|virtualenv` and build-docker do: install the
@@ -260,6 +261,7 @@ def test_the_registered_model_runs_in_an_environment_of_its_own_requirements(
     assert "onnxruntime-extensions==" in requirements.read_text()
 
 
+@pytest.mark.venv
 @pytest.mark.skipif(uv() is None, reason="uv is not installed")
 def test_mlflow_serves_the_model_in_an_environment_it_builds_with_uv(
         tracking, cli_translations, tmp_path):
@@ -274,6 +276,7 @@ def test_mlflow_serves_the_model_in_an_environment_it_builds_with_uv(
     assert json.loads(body)["predictions"] == cli_translations
 
 
+@pytest.mark.venv
 def test_src_infer_runs_with_only_the_packages_the_readme_names(project, cli_translations,
                                                                 tmp_path):
     """The README: `src.infer` (and `src.score`) need only onnxruntime, numpy, sentencepiece

@@ -15,7 +15,6 @@ import yaml
 from conftest import SHARED_DATA
 from helpers import REPO, git_project, sh
 
-pytestmark = pytest.mark.slow
 ARCHIVE = SHARED_DATA / "cmn-eng" / "cmn-eng.zip"
 
 
@@ -33,6 +32,7 @@ def test_the_readme_smoke_command_is_short_and_uses_the_default_gates():
     assert not any(key.startswith(("export.", "evaluate.")) for key in overrides)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not ARCHIVE.exists(), reason=f"{ARCHIVE} not present")
 def test_the_readme_smoke_run_completes_and_translates(tmp_path):
     root = git_project(tmp_path / "project", {"download.url": str(ARCHIVE)})

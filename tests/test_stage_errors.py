@@ -189,6 +189,7 @@ def test_vocabulary_too_small_for_the_corpus_names_the_param(tmp_path):
     assert "INTERNAL" not in result.stderr
 
 
+@pytest.mark.slow  # tokenizes a project
 def test_bidirectional_training_without_a_shared_vocabulary_names_the_params(tmp_path):
     from helpers import TINY_PARAMS, tokenize_toy
 

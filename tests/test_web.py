@@ -20,7 +20,6 @@ import onnx
 import pytest
 from helpers import assert_one_line_error, run_stage
 from onnx import TensorProto, helper
-from test_export import exported_project
 from toy_corpus import toy_pairs
 
 from src.core.errors import PipelineError
@@ -138,8 +137,9 @@ def test_serve_refuses_a_directory_that_is_not_a_site(tmp_path):
 
 # -- slow: the page in Chromium against src.infer --------------------------------------------
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, one_thread) -> Path:
-    return exported_project(tmp_path_factory.mktemp("web"))
+def project(exported_toy) -> Path:
+    """The toy project exported once per run (tests/conftest.py): read, never changed."""
+    return exported_toy
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ CLOSE = {"model.onnx": {"score": {"abs": 2e-6}, "confidence": {"abs": 2e-5}},
          "model.int8.onnx": {"score": {"rel": 0.05, "abs": 1e-3}, "confidence": {"abs": 0.05}}}
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 @pytest.mark.parametrize("name", ["model.int8.onnx", "model.onnx"])
 @pytest.mark.parametrize(("beam", "n_best"), [(1, 1), (4, 1), (4, 3)])
 def test_page_translates_exactly_as_python(project, served, browser, name, beam, n_best):
@@ -238,7 +238,7 @@ def test_page_translates_exactly_as_python(project, served, browser, name, beam,
         assert got["confidence"] == pytest.approx(want["confidence"], **close["confidence"])
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_page_shows_translations_time_and_threads(served, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -267,7 +267,7 @@ def test_page_shows_translations_time_and_threads(served, browser):
     assert status.startswith("2 sentences in ") and "1 thread" in status
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_page_says_what_is_wrong(served, browser, sites, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
