@@ -1385,7 +1385,7 @@ def test_compare_files_times_each_file_with_and_without_scores(project):
         [sys.executable, "-m", "bench.files_speed_ab", str(project / "models"),
          "--scores", "--split-dir", str(project / "data/tokenized"), "--sentences", "8",
          "--repeats", "2", "--beams", "1", "--batches", "4", "--precisions", "int8"],
-        capture_output=True, text=True, cwd=project)
+        capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.strip().splitlines()
     assert f"{project / 'models'}+scores:" in line and "(median of 2 rounds)" in line
@@ -1398,7 +1398,7 @@ def test_compare_files_times_a_file_whole_against_its_batch_cut(project):
         [sys.executable, "-m", "bench.files_speed_ab", models, models, "--whole-first",
          "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
          "--beams", "1", "--batches", "4", "--precisions", "int8"],
-        capture_output=True, text=True, cwd=project)
+        capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.strip().splitlines()
     assert f"{models}(whole): " in line and f"  {models}: " in line
@@ -1414,7 +1414,7 @@ def test_compare_files_times_the_text_twins_as_written(project, tmp_path):
         [sys.executable, "-m", "bench.files_speed_ab", str(models), "--text",
          "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
          "--beams", "1", "--batches", "4", "--precisions", "fp32", "--scores"],
-        capture_output=True, text=True, cwd=project)
+        capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.strip().splitlines()
     assert line.startswith("fp32 threads 1 beam as written batch 4: ")
