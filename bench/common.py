@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from src.core import atomic, paths, tracking
+from src.core.errors import PipelineError
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout: where `python -m bench.…` runs
 # The int8 and bf16 instructions ONNX Runtime's kernels may use (a kernel row depends on them).
@@ -86,7 +87,7 @@ def latest_by_cpu(sittings: list[dict]) -> list[dict]:
     return list(latest.values())
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(PipelineError):
     """A worker process exited non-zero; the message is `exit N: <its last stderr line>`."""
 
 

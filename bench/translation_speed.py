@@ -119,7 +119,7 @@ def onnx_runner(onnx_path: Path, threads: int):
 def batches(sources: list[list[int]], size: int, source_limit: int) -> list[list[list[int]]]:
     """The translators' length-sorted batches (src.runtime.length_batches, by source tokens;
     ids, so no line counts as blank) of source rows cut to the model's limit, each + EOS."""
-    order = length_batches([" "] * len(sources), size, dict(enumerate(map(len, sources))))
+    order = length_batches(["ids"] * len(sources), size, dict(enumerate(map(len, sources))))
     return [[list(sources[i][:source_limit]) + [EOS] for i in idx] for idx in order]
 
 
