@@ -3,7 +3,7 @@
     pip install -e '.[ctranslate2]'
     python -m src.to_ctranslate2 --output models/ct2     # models/model.pt + models/tokenizer
 
-For comparing engines (scripts/benchmark_engines.py) and for users who serve with CTranslate2;
+For comparing engines (bench.engines_vs_ctranslate2) and for users who serve with CTranslate2;
 `ctranslate2` is an optional extra, never needed by the pipeline. Our Transformer maps onto
 CTranslate2's `TransformerSpec` one to one: pre-norm layers with a final LayerNorm per stack,
 ReLU FFN, token embeddings scaled by sqrt(d_model) plus our sinusoidal table (passed as the

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # toy_corpus
 
 os.environ.setdefault("NMT_TRACKING", "off")
 
-# Property tests (Hypothesis): under mutation testing (scripts/mutation_test.py sets
+# Property tests (Hypothesis): under mutation testing (bench.mutation_score sets
 # HYPOTHESIS_PROFILE=mutation) a failing example kills the mutant at once, without the shrinking
 # that would find a smaller one; set before the test modules build their settings.
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])

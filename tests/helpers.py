@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import atexit
-import importlib.util
 import json
 import os
 import shutil
@@ -279,11 +278,3 @@ def src_imports(module: str, seen: set[str] | None = None) -> set[str]:
             if name != "src" and module_file(name):
                 src_imports(name.removeprefix("src."), seen)
     return seen
-
-
-def load_script(name: str):
-    """scripts/<name>.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

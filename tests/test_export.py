@@ -1104,12 +1104,12 @@ def test_a_failed_ctranslate2_conversion_keeps_the_old_directory(project, tmp_pa
 
 
 def test_engine_benchmark_checks_both_engines_agree(project, tmp_path):
-    """scripts/benchmark_engines.py end to end on the tiny model: CTranslate2 on the converted
+    """bench.engines_vs_ctranslate2 end to end on the tiny model: CTranslate2 on the converted
     weights gives our fp32 translations on every test sentence, and each timing row names
     both engines."""
     out = tmp_path / "engines.json"
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--models",
+        [sys.executable, "-m", "bench.engines_vs_ctranslate2", "--models",
          str(project / "models"), "--split-dir", str(project / "data/tokenized"),
          "--sentences", "8", "--threads", "1", "--beams", "1", "--batches", "4",
          "--precisions", "fp32", "--repeats", "2", "--json", str(out)],
@@ -1130,7 +1130,7 @@ def test_engine_benchmark_times_n_best_lists_and_a_baseline(project, tmp_path):
     agree); --baseline times our files of another dir as a third engine."""
     out = tmp_path / "engines.json"
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--models",
+        [sys.executable, "-m", "bench.engines_vs_ctranslate2", "--models",
          str(project / "models"), "--split-dir", str(project / "data/tokenized"),
          "--sentences", "8", "--threads", "1", "--beams", "2", "--batches", "4",
          "--precisions", "fp32", "--repeats", "1", "--n-best", "2", "--baseline",
@@ -1144,7 +1144,7 @@ def test_engine_benchmark_times_n_best_lists_and_a_baseline(project, tmp_path):
     assert speed["n_best"] == 2 and speed["ours_baseline_sent_per_s"] > 0
     assert "ours_vs_baseline" in speed
     refused = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--beams", "1,4",
+        [sys.executable, "-m", "bench.engines_vs_ctranslate2", "--beams", "1,4",
          "--n-best", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--n-best 2 needs every beam" in refused.stderr
 
@@ -1155,7 +1155,7 @@ def test_engine_benchmark_forces_both_engines_to_one_length(project, tmp_path):
     forced outputs are not translations."""
     out = tmp_path / "engines.json"
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--models",
+        [sys.executable, "-m", "bench.engines_vs_ctranslate2", "--models",
          str(project / "models"), "--split-dir", str(project / "data/tokenized"),
          "--sentences", "8", "--threads", "1", "--beams", "1,2", "--batches", "4",
          "--precisions", "fp32", "--repeats", "1", "--force-length", "6", "--json", str(out)],
@@ -1165,17 +1165,17 @@ def test_engine_benchmark_forces_both_engines_to_one_length(project, tmp_path):
     assert [(r["kind"], r["beam"], r["force_length"]) for r in rows] == \
         [("speed", 1, 6), ("speed", 2, 6)]
     refused = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--force-length", "6",
+        [sys.executable, "-m", "bench.engines_vs_ctranslate2", "--force-length", "6",
          "--scores"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "not with --scores or --n-best" in refused.stderr
 
 
 def test_profile_script_shares_the_run_out_by_operator(project):
-    """scripts/profile_file.py on the tiny int8 model: the search's control nodes listed
+    """bench.file_profile on the tiny int8 model: the search's control nodes listed
     apart, the int8 products among the leaf operators, every share below 100%."""
     def profile(*options: str) -> list[str]:
         result = subprocess.run(
-            [sys.executable, str(REPO / "scripts/profile_file.py"),
+            [sys.executable, "-m", "bench.file_profile",
              str(project / "models/model.int8.onnx"), "--split-dir",
              str(project / "data/tokenized"), "--top", "5", *options],
             cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -1300,10 +1300,10 @@ def test_translating_without_scores_turns_the_switch_off(project, name):
 
 def test_compare_files_times_each_file_with_and_without_scores(project):
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/compare_files.py"), str(project / "models"),
+        [sys.executable, "-m", "bench.files_speed_ab", str(project / "models"),
          "--scores", "--split-dir", str(project / "data/tokenized"), "--sentences", "8",
          "--repeats", "2", "--beams", "1", "--batches", "4", "--precisions", "int8"],
-        capture_output=True, text=True, cwd=project)
+        capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.strip().splitlines()
     assert f"{project / 'models'}+scores:" in line and "(median of 2 rounds)" in line
@@ -1313,10 +1313,10 @@ def test_compare_files_times_each_file_with_and_without_scores(project):
 def test_compare_files_times_a_file_whole_against_its_batch_cut(project):
     models = str(project / "models")
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/compare_files.py"), models, models, "--whole-first",
+        [sys.executable, "-m", "bench.files_speed_ab", models, models, "--whole-first",
          "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
          "--beams", "1", "--batches", "4", "--precisions", "int8"],
-        capture_output=True, text=True, cwd=project)
+        capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.strip().splitlines()
     assert f"{models}(whole): " in line and f"  {models}: " in line
@@ -1329,10 +1329,10 @@ def test_compare_files_times_the_text_twins_as_written(project, tmp_path):
     models.mkdir()
     (models / "model.text.onnx").symlink_to(project / "models/model.text.onnx")
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/compare_files.py"), str(models), "--text",
+        [sys.executable, "-m", "bench.files_speed_ab", str(models), "--text",
          "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
          "--beams", "1", "--batches", "4", "--precisions", "fp32", "--scores"],
-        capture_output=True, text=True, cwd=project)
+        capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.strip().splitlines()
     assert line.startswith("fp32 threads 1 beam as written batch 4: ")
@@ -1555,13 +1555,13 @@ def test_score_refuses_bad_pairs_in_one_line(project, tmp_path, content, fragmen
 
 def test_the_translation_speed_benchmark_times_every_system_on_the_same_sentences(project,
                                                                                tmp_path):
-    """scripts/benchmark_infer.py (docs/results.md's speed table) end to end on the tiny model:
+    """bench.translation_speed (docs/results.md's speed table) end to end on the tiny model:
     one row per system x beam x batch, each over the sentences asked for, each system in a
     process of its own (the ONNX ones refuse to time with torch imported), and the JSON names
     the model and the CPU."""
     out = tmp_path / "infer_speed.json"
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_infer.py"),
+        [sys.executable, "-m", "bench.translation_speed",
          "--model", str(project / "models/model.pt"),
          "--onnx", str(project / "models/model.onnx"),
          "--int8", str(project / "models/model.int8.onnx"),
@@ -1581,14 +1581,14 @@ def test_the_translation_speed_benchmark_times_every_system_on_the_same_sentence
 
 
 def decoding_choices(project: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts/decoding_choices.py"),
+    return subprocess.run([sys.executable, "-m", "bench.decoding_choices",
                            "--root", str(project), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def test_the_decoding_choices_search_as_each_row_says_and_leave_params_as_they_were(project,
                                                                                   tmp_path):
-    """scripts/decoding_choices.py (docs/results.md's decoding table) on the tiny model: the
+    """bench.decoding_choices (docs/results.md's decoding table) on the tiny model: the
     default row first, each row's beam the one evaluate searched with on both splits, a paired
     test for every row but the default, and the project's params.yaml byte for byte after."""
     params = project / "params.yaml"

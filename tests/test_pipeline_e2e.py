@@ -505,11 +505,11 @@ def test_repro_logs_every_stage_to_a_tracking_server(workspace, tmp_path):
 
 
 def test_the_train_step_benchmark_times_and_profiles_the_stages_own_step(project, tmp_path):
-    """scripts/benchmark_train_step.py (docs/training_speed.md's profile) on the reproduced
+    """bench.train_step_speed (docs/training_speed.md's profile) on the reproduced
     project: the train stage's batches and Trainer, one row per precision asked for."""
     out = tmp_path / "steps.jsonl"
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_train_step.py"), "--precision", "fp32",
+        [sys.executable, "-m", "bench.train_step_speed", "--precision", "fp32",
          "--steps", "4", "--warmup", "1", "--epoch", "0", "--profile", "1", "--threads", "1",
          "--window", "2", "--out", str(out)],
         cwd=REPO, env={**os.environ, "NMT_ROOT": str(project)}, capture_output=True,

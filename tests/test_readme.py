@@ -2,7 +2,7 @@
 
 Fences must pair up on lines of their own (a stray "``` text" once swallowed half the page), the
 page must not send users to paths of our machines, the two opening commands must be what CI
-runs, and every `python -m src.<module>` or `python scripts/<name>.py` it shows must answer
+runs, and every `python -m src.<module>` or `python -m bench.<tool>` it shows must answer
 `--help`.
 """
 
@@ -60,11 +60,10 @@ GUIDE = README + "".join((REPO / "docs" / page).read_text(encoding="utf-8")
 
 
 def commands_shown() -> list[list[str]]:
-    """Every module or script the README and its guide pages tell a user to run, in code
+    """Every module or tool the README and its guide pages tell a user to run, in code
     blocks or inline."""
-    found = set(re.findall(r"python -m (src\.\w+)", GUIDE))
-    found |= {f"scripts/{name}" for name in re.findall(r"python scripts/(\w+\.py)", GUIDE)}
-    return [["-m", c] if c.startswith("src.") else [c] for c in sorted(found)]
+    found = set(re.findall(r"python -m ((?:src|bench)\.\w+)", GUIDE))
+    return [["-m", c] for c in sorted(found)]
 
 
 def test_readme_shows_the_stage_commands():

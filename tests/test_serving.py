@@ -165,7 +165,7 @@ def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
         # the load test, tiny: every request answered, a row per batch size and client count
         rows = tmp_path / "load.json"
         result = subprocess.run(
-            [sys.executable, "scripts/load_test.py", "--url", url, "--requests", "8",
+            [sys.executable, "-m", "bench.serving_load", "--url", url, "--requests", "8",
              "--clients", "1,4", "--batches", "1,4", "--onnx",
              str(project / "models/model.onnx"), "--json", str(rows)],
             cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -179,13 +179,13 @@ def test_served_model_answers_like_src_infer_and_refuses_bad_requests(
 
 def test_a_serving_sitting_serves_the_registered_model_per_thread_count(project, tracking,
                                                                          tmp_path):
-    """scripts/serving_sittings.py finds the project's registry from a server directory of its
+    """bench.serving_threads finds the project's registry from a server directory of its
     own, writes every row and prints the table from them."""
     out, sentences = tmp_path / "sitting.json", tmp_path / "sentences.txt"
     sentences.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking}
     result = subprocess.run(
-        [sys.executable, "scripts/serving_sittings.py", "run", "--json", str(out),
+        [sys.executable, "-m", "bench.serving_threads", "run", "--json", str(out),
          "--rounds", "2", "--threads", "1,2", "--batches", "1,2", "--clients", "1",
          "--sentences-per-row", "2", "--warmup", "0", "--sentences", str(sentences)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -198,7 +198,7 @@ def test_a_serving_sitting_serves_the_registered_model_per_thread_count(project,
         (2, 2, 1, 2, 0), (2, 2, 2, 1, 0), (2, 1, 1, 2, 0), (2, 1, 2, 1, 0)]
     assert "| 2 | 1 | " in result.stdout and "errors: 0." in result.stdout
     missing = subprocess.run(
-        [sys.executable, "scripts/serving_sittings.py", "run", "--json", str(out), "--model",
+        [sys.executable, "-m", "bench.serving_threads", "run", "--json", str(out), "--model",
          "models:/nmt-en-zh@nobody"], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=300)
     assert missing.returncode == 1

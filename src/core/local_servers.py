@@ -1,6 +1,6 @@
 """MLflow's two servers on loopback, each started in its own process group, waited for with a
 deadline and killed with its workers on exit: `mlflow server` (a tracking server on sqlite) and
-`mlflow models serve` (a registered model). scripts/gpu_check.py serves the model with them, and
+`mlflow models serve` (a registered model). bench.gpu_check serves the model with them, and
 the tests run the pipeline and the model against them."""
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ def check_fp16(path: Path, fp16: onnx.ModelProto, fp32: onnx.ModelProto, model,
     why_not = placement.cuda_unavailable_reason(ort.get_available_providers())
     if why_not:
         print(f"export: model.fp16.onnx structure checked; parity skipped ({why_not}; it runs "
-              f"on CUDA only: scripts/gpu_check.py checks it on a GPU)")
+              f"on CUDA only: bench.gpu_check checks it on a GPU)")
         return {"fp16_checked": "structure"}
     result = check_parity(sessions.open_session(path, "cuda"), model, sources, cfg)
     return {"fp16_checked": "structure and parity on CUDA",

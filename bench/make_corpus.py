@@ -1,10 +1,10 @@
 """Make a large synthetic parallel corpus by recombining the pairs of a real one.
 
-    python scripts/make_corpus.py --source cmn.txt --pairs 1000000 --out big.tsv
+    python -m bench.make_corpus --source cmn.txt --pairs 1000000 --out big.tsv
 
 Each output pair joins 1-3 randomly drawn source pairs on both sides with a space (so its
 translation stays right), seeded, so the same command writes the same file. It exists to
-measure how the stages scale with corpus size (scripts/benchmark_data.py); it is not for
+measure how the stages scale with corpus size (bench.data_scaling); it is not for
 training a better model. Reads the first two tab-separated columns; writes TSV, streaming.
 """
 
@@ -14,6 +14,8 @@ import random
 from pathlib import Path
 
 import typer
+
+from src.core.cli import run_cli
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -56,9 +58,4 @@ def main(
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from src.core.cli import run_cli
-
     run_cli(app)

@@ -1,7 +1,7 @@
 """Score models on the two halves of a corpus's training pairs: the half a parent model was
 trained on ("old") and the half that arrived later ("new"), as issue 58's (a)/(b)/(c) compare.
 
-    python scripts/halves.py --old-split <parent run>/data/split --full-split data/split \
+    python -m bench.old_new_halves --old-split <parent run>/data/split --full-split data/split \
         --model parent=<dir>/model.pt --model tuned=models/model.pt --out halves.json
 
 "old" is the parent's training split; "new" is every pair of the full training split whose
@@ -13,21 +13,21 @@ BLEU and chrF, overall and by source length, and the confidence's AUROC.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import sys
 from pathlib import Path
 
 import torch
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import write_json
+from src.core.cli import run_cli
+from src.core.params import EvaluateParams, load_params
+from src.data.subword import load_tokenizers
+from src.evaluate import translate_and_score
+from src.nmt import checkpoint
 
-from src.core.params import EvaluateParams, load_params  # noqa: E402
-from src.data.subword import load_tokenizers  # noqa: E402
-from src.evaluate import translate_and_score  # noqa: E402
-from src.nmt import checkpoint  # noqa: E402
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
 def halves(old_split: Path, full_split: Path, sample: int, seed: int) -> dict[str, list]:
@@ -58,6 +58,7 @@ def score_model(model_path: Path, pairs: list, cfg: EvaluateParams) -> dict:
     return result
 
 
+@app.command(help=__doc__)
 def main(
     old_split: Path = typer.Option(..., help="The parent run's data/split (train: old half)."),
     full_split: Path = typer.Option(..., help="data/split of the run on all training pairs."),
@@ -76,8 +77,8 @@ def main(
         report["models"][name] = {half: score_model(Path(path), rows, cfg)
                                   for half, rows in pairs.items()}
         print(name, {h: (r["bleu"], r["chrf"]) for h, r in report["models"][name].items()})
-    out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out, report, indent=1)
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run_cli(app)

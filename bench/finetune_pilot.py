@@ -8,7 +8,7 @@ own models/ are never touched. Candidates are scored on the valid split only (tr
 selection score of the averaged model, and the per-epoch curve), so a rule written before the
 runs can choose between them without a test set.
 
-    python scripts/finetune_pilot.py --out pilot C2=7e-4,200 C4=7e-4,1000 C5=1e-3,1000,24
+    python -m bench.finetune_pilot --out pilot C2=7e-4,200 C4=7e-4,1000 C5=1e-3,1000,24
 
 The project must be one where train.init_from is set and the parent and tokenize stages have
 run (`dvc repro tokenize`): models/parent/ resolved, data/tokenized encoded with the parent's
@@ -20,7 +20,6 @@ per candidate in the order given.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -30,9 +29,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import typer
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import REPO, write_json
+from src.core.cli import run_cli
+from src.core.errors import PipelineError
+
 SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)=(?P<lr>[0-9.eE+-]+),(?P<warmup>\d+)"
                   r"(,(?P<epochs>\d+))?$")
 
@@ -45,7 +48,7 @@ def parse_candidate(spec: str) -> dict:
     except ValueError:
         lr = 0.0
     if not match or lr <= 0:
-        raise argparse.ArgumentTypeError(
+        raise typer.BadParameter(
             f"{spec!r} is not NAME=LR,WARMUP[,EPOCHS] (e.g. C5=1e-3,1000 or C5=1e-3,1000,24)")
     candidate = {"name": match["name"], "lr": lr, "warmup_steps": int(match["warmup"])}
     if match["epochs"]:
@@ -92,61 +95,57 @@ def row(candidate: dict, root: Path, params: dict) -> dict:
             "valid_loss_by_epoch": [float(r["valid_loss"]) for r in curve]}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("candidates", nargs="+", type=parse_candidate,
-                        metavar="NAME=LR,WARMUP[,EPOCHS]")
-    parser.add_argument("--project", type=Path, default=Path("."),
-                        help="a project with train.init_from set, after `dvc repro tokenize`")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="a new folder for the candidates' copies and pilot.json")
-    args = parser.parse_args()
-    names = [c["name"] for c in args.candidates]
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(
+    candidates: list[str] = typer.Argument(..., metavar="NAME=LR,WARMUP[,EPOCHS]..."),
+    project: Path = typer.Option(Path("."), help="A project with train.init_from set, after "
+                                 "`dvc repro tokenize`."),
+    out: Path = typer.Option(..., help="A new folder for the candidates' copies and "
+                             "pilot.json."),
+) -> None:
+    specs = [parse_candidate(spec) for spec in candidates]
+    names = [c["name"] for c in specs]
     if len(set(names)) < len(names):
-        parser.error(f"candidate names repeat: {' '.join(names)}")
-    project = args.project
+        raise typer.BadParameter(f"candidate names repeat: {' '.join(names)}")
     missing = [p for p in ("params.yaml", "data/tokenized", "models/tokenizer",
                            "models/parent/parent.json") if not (project / p).exists()]
     if missing:
-        print(f"error: {project / missing[0]} not found: set train.init_from in "
-              f"{project / 'params.yaml'} and run `dvc repro tokenize` there first",
-              file=sys.stderr)
-        return 1
-    if args.out.exists() and any(args.out.iterdir()):
-        print(f"error: {args.out} is not empty: give a new folder", file=sys.stderr)
-        return 1
+        raise PipelineError(f"{project / missing[0]} not found: set train.init_from in "
+                            f"{project / 'params.yaml'} and run `dvc repro tokenize` there first")
+    if out.exists() and any(out.iterdir()):
+        raise PipelineError(f"{out} is not empty: give a new folder")
     import torch
 
     on_gpu = torch.cuda.is_available()
-    threads = max(1, (os.cpu_count() or 1) // len(args.candidates)) if on_gpu else 0
-    roots = [prepare(project, args.out, c, threads) for c in args.candidates]
+    threads = max(1, (os.cpu_count() or 1) // len(specs)) if on_gpu else 0
+    roots = [prepare(project, out, c, threads) for c in specs]
     failed = []
     if on_gpu:  # small models leave a GPU mostly idle: all at once
-        for candidate, proc in [(c, start(r)) for c, r in zip(args.candidates, roots)]:
+        for candidate, proc in [(c, start(r)) for c, r in zip(specs, roots)]:
             if proc.wait():
                 failed.append(candidate["name"])
     else:
-        for candidate, root in zip(args.candidates, roots):
+        for candidate, root in zip(specs, roots):
             print(f"finetune_pilot: {candidate['name']} training ({root / 'train.log'})",
                   file=sys.stderr, flush=True)
             if start(root).wait():
                 failed.append(candidate["name"])
     if failed:
-        first = args.out / failed[0] / "train.log"
-        print(f"error: {', '.join(failed)} failed; see {first}", file=sys.stderr)
-        return 1
+        first = out / failed[0] / "train.log"
+        raise PipelineError(f"{', '.join(failed)} failed; see {first}")
     rows = [row(c, r, yaml.safe_load((r / "params.yaml").read_text()))
-            for c, r in zip(args.candidates, roots)]
+            for c, r in zip(specs, roots)]
     report = {"command": "python " + " ".join(sys.argv), "device": "cuda" if on_gpu else "cpu",
               "rows": rows}
-    (args.out / "pilot.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json(out / "pilot.json", report, indent=1)
     for r in rows:
         print(f"{r['candidate']}: lr {r['finetune.lr']:g}, warmup {r['finetune.warmup_steps']}, "
               f"{r['steps']} steps: valid BLEU {r['valid_bleu']}, valid loss "
               f"{r['final_valid_loss']}")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(app)

@@ -1,5 +1,5 @@
-"""The small tools of scripts/ that docs name for a number: mutation_test.py (docs/testing.md)
-and halves.py (docs/results.md), on hand-made inputs."""
+"""The small tools of bench/ that docs name for a number: mutation_score (docs/testing.md), and
+old_new_halves (docs/experiments.md), on hand-made inputs; `python -m bench` lists every tool."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from helpers import load_script
+from bench import mutation_score, old_new_halves
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_mutation_copy_renames_our_package_and_nothing_else():
-    mutation = load_script("mutation_test")
+    mutation = mutation_score
     text = ("from src.core import paths\nimport src.train\nresrc.x = 'src/data/hub.py'\n"
             "batch = src.shape[0]\nsrc.to(device)\nsource_paths = [\"src/\"]\n")
     assert mutation.OURS.sub(mutation.RENAMED, text) == (
@@ -24,7 +24,7 @@ def test_mutation_copy_renames_our_package_and_nothing_else():
 
 def test_mutation_scores_count_each_modules_mutants_by_outcome(tmp_path):
     """mutmut's exit codes per mutant, read back per module under our package's own name."""
-    mutation = load_script("mutation_test")
+    mutation = mutation_score
     folder = tmp_path / "mutants" / "nmtsrc" / "data"
     folder.mkdir(parents=True)
     # mutmut: 1 = killed (the tests failed), 0 = survived, 24 = timeout
@@ -38,7 +38,7 @@ def test_mutation_scores_count_each_modules_mutants_by_outcome(tmp_path):
 def test_halves_split_the_training_pairs_by_whether_the_parent_saw_their_source(tmp_path):
     from datasets import Dataset, DatasetDict
 
-    halves = load_script("halves")
+    halves = old_new_halves
     old = [("a", "1"), ("b", "2"), ("c", "3")]
     # the full run's pairs: the old ones, one more translation of an old source, two new
     full = old + [("a", "1b"), ("d", "4"), ("e", "5")]
@@ -55,7 +55,7 @@ def test_halves_split_the_training_pairs_by_whether_the_parent_saw_their_source(
 
 
 def test_mutation_json_keeps_the_modules_a_run_did_not_mutate(tmp_path):
-    mutation = load_script("mutation_test")
+    mutation = mutation_score
     path = tmp_path / "mutation.json"
     row = {"mutants": 10, "killed": 9, "survived": 1, "no_tests": 0, "score": 90.0}
     path.write_text(json.dumps({"command": "old", "rows": [
@@ -70,11 +70,11 @@ def test_mutation_json_keeps_the_modules_a_run_did_not_mutate(tmp_path):
 
 
 def test_the_testing_docs_table_is_the_one_the_script_writes_from_its_json(tmp_path):
-    mutation = load_script("mutation_test")
+    mutation = mutation_score
     rows = json.loads((REPO / "docs/benchmarks/mutation.json").read_text())["rows"]
     doc = (REPO / "docs/testing.md").read_text(encoding="utf-8")
     start = doc.index(mutation.TABLE_START) + len(mutation.TABLE_START)
-    assert doc[start:doc.index(mutation.TABLE_END)].strip() == mutation.markdown_table(rows)
+    assert doc[start:doc.index(mutation.TABLE_END)].strip() == mutation.mutation_table(rows)
     # and the script rewrites only that block
     copy = tmp_path / "testing.md"
     copy.write_text(f"before\n{mutation.TABLE_START}\nstale\n{mutation.TABLE_END}\nafter\n")
@@ -84,3 +84,22 @@ def test_the_testing_docs_table_is_the_one_the_script_writes_from_its_json(tmp_p
     assert text.endswith(f"{mutation.TABLE_END}\nafter\n") and "stale" not in text
     total = rows[0]
     assert f"| **all** | {total['mutants']} | {total['killed']} |" in text
+
+
+def test_python_m_bench_lists_every_tool_with_a_page_that_exists():
+    from bench.__main__ import TOOLS, listing
+
+    tools = {p.stem for p in (REPO / "bench").glob("*.py") if not p.stem.startswith("_")}
+    assert set(TOOLS) == tools - {"common"}
+    for name, (_, pages, _) in TOOLS.items():
+        for page in pages.split(", "):
+            assert (REPO / page).is_file(), f"{name}: {page}"
+        assert name in listing()
+
+
+def test_the_web_table_is_what_the_tool_writes_from_its_file():
+    from bench.web_page_speed import MARKER, table
+
+    page = (REPO / "docs/web.md").read_text(encoding="utf-8")
+    sitting = json.loads((REPO / "docs/benchmarks/web_page.json").read_text())
+    assert page.split(MARKER)[1].strip() == table(sitting)

@@ -1,8 +1,8 @@
 """Where an exported file spends a translation: ONNX Runtime's profiler, by operator or node.
 
-    python scripts/profile_file.py models/model.int8.onnx --beam 1 --batch 32 --threads 1
-    python scripts/profile_file.py models/model.onnx --beam 4 --by node --top 40
-    python scripts/profile_file.py models/model.int8.onnx --beam 1 --scores --by node
+    python -m bench.file_profile models/model.int8.onnx --beam 1 --batch 32 --threads 1
+    python -m bench.file_profile models/model.onnx --beam 4 --by node --top 40
+    python -m bench.file_profile models/model.int8.onnx --beam 1 --scores --by node
 
 Translates the first `--sentences` test sentences as `src.infer --input` does (batches by
 source tokens), after one warm-up batch, with `SessionOptions.enable_profiling` on, then sums
@@ -15,16 +15,15 @@ they run. Profiling slows every node a little; compare shares, not speeds.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
-
-from src.core import paths  # noqa: E402
+from bench.common import test_split
+from src.core import paths
+from src.core.cli import run_cli
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 CONTROL = ("BeamSearch", "Loop", "If")
@@ -44,11 +43,10 @@ def main(
 ) -> None:
     """Print the profile's top operators (or nodes) by kernel time, with their call counts."""
     import onnxruntime as ort
-    from datasets import load_from_disk
 
     from src.runtime import batch_graph, generation, operator_graph
 
-    lines = list(load_from_disk(str(split_dir))["test"]["source"])[:sentences]
+    lines = list(test_split(split_dir)["source"])[:sentences]
     translator = generation.load_translator(model, threads=threads, warn=lambda _: None)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -103,4 +101,4 @@ def main(
 
 
 if __name__ == "__main__":
-    app()
+    run_cli(app)

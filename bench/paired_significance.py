@@ -12,7 +12,7 @@ language, and chrF.
     # in each run's workspace: translate the valid split with that run's model.pt
     python -m src.evaluate --split valid --translations valid.tsv \\
         --metrics valid_metrics.json --stats valid_stats.json
-    python scripts/compare.py baseline/valid.tsv candidate/valid.tsv
+    python -m bench.paired_significance baseline/valid.tsv candidate/valid.tsv
 
 The last line is the verdict on BLEU: which system is better at the chosen significance level,
 or that the test cannot tell them apart.
@@ -20,15 +20,14 @@ or that the test cannot tell them apart.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from anywhere
+import typer
 
-from src.core.metrics import bleu_tokenizer  # noqa: E402
+from src.core.cli import run_cli
+from src.core.metrics import bleu_tokenizer
 
 COLUMNS = ("source", "reference", "hypothesis")
 
@@ -94,38 +93,41 @@ def verdict(bleu: dict, alpha: float) -> str:
     return f"{better} is better in BLEU (p = {bleu['p_value']:.4f} < {alpha})"
 
 
-def main() -> None:
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(
+    baseline: Path = typer.Argument(..., help="Translations TSV of the baseline."),
+    candidate: Path = typer.Argument(..., help="Translations TSV of the candidate."),
+    test: str = typer.Option("bs", help="Paired bootstrap resampling (bs) or approximate "
+                             "randomisation (ar)."),
+    samples: int = typer.Option(1000, help="Resamples (bs) or trials (ar); 0: sacreBLEU's "
+                                "default."),
+    alpha: float = typer.Option(0.05, help="Significance level."),
+    target_lang: str = typer.Option(None, help="Target language, which picks BLEU's tokenizer "
+                                    "(default: pair.target_lang of params.yaml)."),
+) -> None:
     from src.core.errors import PipelineError
     from src.core.params import PairParams, load_params
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("baseline", type=Path, help="translations TSV of the baseline")
-    parser.add_argument("candidate", type=Path, help="translations TSV of the candidate")
-    parser.add_argument("--test", choices=("bs", "ar"), default="bs",
-                        help="paired bootstrap resampling (bs) or approximate randomisation (ar)")
-    parser.add_argument("--samples", type=int, default=1000,
-                        help="resamples (bs) or trials (ar); 0: sacreBLEU's default")
-    parser.add_argument("--alpha", type=float, default=0.05, help="significance level")
-    parser.add_argument("--target-lang", default=None,
-                        help="target language, which picks BLEU's tokenizer "
-                             "(default: pair.target_lang of params.yaml)")
-    args = parser.parse_args()
+    if test not in ("bs", "ar"):
+        raise typer.BadParameter("expected bs or ar", param_hint="--test")
     try:
-        target_lang = args.target_lang or load_params(PairParams).target_lang
+        target_lang = target_lang or load_params(PairParams).target_lang
     except PipelineError as exc:
         sys.exit(f"error: {exc} (or name the language with --target-lang)")
-    baseline, candidate = read_translations(args.baseline), read_translations(args.candidate)
-    check_same_split(baseline, candidate)
-    result = paired_test(baseline["hypothesis"], candidate["hypothesis"], baseline["reference"],
-                         target_lang, args.test, args.samples)
-    print(f"{len(baseline['source']):,} sentences, target {target_lang}, "
-          f"{'paired bootstrap' if args.test == 'bs' else 'approximate randomisation'}")
+    base, cand = read_translations(baseline), read_translations(candidate)
+    check_same_split(base, cand)
+    result = paired_test(base["hypothesis"], cand["hypothesis"], base["reference"],
+                         target_lang, test, samples)
+    print(f"{len(base['source']):,} sentences, target {target_lang}, "
+          f"{'paired bootstrap' if test == 'bs' else 'approximate randomisation'}")
     for metric, r in result.items():
         print(f"{metric:<5} baseline {r['baseline']:6.2f}  candidate {r['candidate']:6.2f}  "
               f"difference {r['difference']:+.2f}  p = {r['p_value']:.4f}")
-    print(verdict(result["BLEU"], args.alpha))
+    print(verdict(result["BLEU"], alpha))
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py, the script a GPU owner runs: on a machine without a GPU it says so in
+"""bench.gpu_check, the tool a GPU owner runs: on a machine without a GPU it says so in
 one line; its steps are rehearsed on the CPU on a toy project, so the script a GPU owner gets
 has run end to end (only its CUDA provider and the engine benchmark have not)."""
 
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from helpers import REPO, TINY_PARAMS, run_stage, set_train_params, tokenize_toy
 
-SCRIPT = REPO / "scripts/gpu_check.py"
+TOOL = ("-m", "bench.gpu_check")
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="a GPU is present")
 def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--output", str(tmp_path / "o.json")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, *TOOL, "--output", str(tmp_path / "o.json")],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 1
     assert result.stderr.startswith("gpu_check: no GPU to check here (")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -29,7 +29,7 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
 def test_checks_it_cannot_make_are_refused_by_name(tmp_path):
     for args, said in ((["--checks", "parity,speeed"], "no check named speeed"),
                        (["--onnx-only", "--checks", "bleu,train"], "train cannot run")):
-        result = subprocess.run([sys.executable, str(SCRIPT), *args, "--output",
+        result = subprocess.run([sys.executable, *TOOL, *args, "--output",
                                  str(tmp_path / "o.json")],
                                 capture_output=True, text=True, timeout=120, cwd=REPO)
         assert result.returncode == 2
@@ -38,7 +38,7 @@ def test_checks_it_cannot_make_are_refused_by_name(tmp_path):
 
 
 def test_onnx_only_and_pytorch_only_are_refused_together(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--onnx-only", "--pytorch-only",
+    result = subprocess.run([sys.executable, *TOOL, "--onnx-only", "--pytorch-only",
                              "--output", str(tmp_path / "o.json")],
                             capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 2
@@ -55,7 +55,7 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
         assert result.returncode == 0, result.stderr
     out = tmp_path / "rows.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--root", str(root),
+        [sys.executable, *TOOL, "--rehearse-on-cpu", "--root", str(root),
          "--sentences", "20", "--train-steps", "4", "--table-sentences", "12",
          "--serve-requests", "4", "--output", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -106,7 +106,8 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     part = tmp_path / "part.json"
     result = subprocess.run(
         [sys.executable, "-c", f"{hidden}; sys.argv = sys.argv[1:]; "
-         "runpy.run_path(sys.argv[0], run_name='__main__')", str(SCRIPT), "--rehearse-on-cpu",
+         "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)",
+         "bench.gpu_check",          "--rehearse-on-cpu",
          "--checks", "serve,train", "--root", str(root), "--serve-requests", "4",
          "--train-steps", "4", "--output", str(part)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -119,7 +120,7 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     # killed halfway (as a device's time limit would), the file holds the checks that finished,
     # made in the order asked
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--checks", "parity,placement,bleu",
+        [sys.executable, *TOOL, "--rehearse-on-cpu", "--checks", "parity,placement,bleu",
          "--root", str(root), "--sentences", "20", "--output", str(part)],
         capture_output=True, text=True, timeout=900, cwd=REPO,
         env={**os.environ, "NMT_FAILPOINT": "gpu_check_after_check:2"})
@@ -131,7 +132,7 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
 
     # --onnx-only: the same ONNX rows, and no train rows
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--onnx-only", "--root", str(root),
+        [sys.executable, *TOOL, "--rehearse-on-cpu", "--onnx-only", "--root", str(root),
          "--sentences", "20", "--table-sentences", "0", "--serve-requests", "0",
          "--output", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -146,7 +147,8 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     hidden = "import runpy, sys; sys.modules.update(dict.fromkeys(('onnxruntime', 'mlflow')))"
     result = subprocess.run(
         [sys.executable, "-c", f"{hidden}; sys.argv = sys.argv[1:]; "
-         "runpy.run_path(sys.argv[0], run_name='__main__')", str(SCRIPT), "--rehearse-on-cpu",
+         "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)",
+         "bench.gpu_check",          "--rehearse-on-cpu",
          "--pytorch-only", "--root", str(root), "--sentences", "20", "--train-steps", "4",
          "--output", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -163,8 +165,7 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
 def test_gpu_memory_is_read_from_nvidia_smi_for_the_process_and_the_gpu(tmp_path, monkeypatch):
     """The batch table's memory: the cell's process where nvidia-smi lists its pid, and the
     GPU's total for the fallback (a container may list host pids); nothing without the tool."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    import gpu_check
+    from bench import gpu_check
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\ncase \"$1\" in\n"
@@ -180,8 +181,7 @@ def test_gpu_memory_is_read_from_nvidia_smi_for_the_process_and_the_gpu(tmp_path
 
 def test_a_batch_table_cell_that_fails_is_a_row_saying_why(tmp_path, monkeypatch):
     """One cell's crash does not cost the cells measured before or after it."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    import gpu_check
+    from bench import gpu_check
 
     monkeypatch.setattr(gpu_check, "TABLE_ENGINES", ("pytorch",))
     monkeypatch.setattr(gpu_check, "TABLE_BATCHES", (1,))

@@ -1,5 +1,5 @@
-"""The helper scripts: the experiment driver never loses params edits, and docs/results.md is
-what scripts/results.py renders from the raw rows."""
+"""The tools of bench/: the experiment driver never loses params edits, docs/results.md is what
+bench.results_page renders from the raw rows, and the timing tools keep their protocols."""
 
 from __future__ import annotations
 
@@ -12,14 +12,22 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import load_script
+
+from bench import (
+    engines_vs_ctranslate2,
+    experiments,
+    ort_kernels,
+    paired_significance,
+    results_page,
+    train_speed_vs_peer,
+    train_step_speed,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_experiment_row_puts_back_the_users_params(tmp_path, monkeypatch, fails):
-    experiments = load_script("experiments")
     params = tmp_path / "params.yaml"
     edited = b"train:\n  epochs: 7   # an uncommitted edit of the user\n"
     params.write_bytes(edited)
@@ -46,9 +54,8 @@ def test_experiment_row_puts_back_the_users_params(tmp_path, monkeypatch, fails)
 
 def test_each_recorded_row_shows_the_overrides_its_command_re_runs():
     # The results page prints a row's overrides from docs/experiments.jsonl, and
-    # scripts/experiments.py re-runs ROWS: when the defaults change (params.yaml), both must say
+    # bench.experiments re-runs ROWS: when the defaults change (params.yaml), both must say
     # the same, or the page names a command that trains something else.
-    experiments = load_script("experiments")
     recorded = experiments.load_results(REPO / "docs" / "experiments.jsonl")
     drifted = {r["name"]: r["overrides"] for r in recorded
                if experiments.ROWS[r["name"]][1] != r["overrides"]}
@@ -56,13 +63,13 @@ def test_each_recorded_row_shows_the_overrides_its_command_re_runs():
 
 
 def test_results_page_is_up_to_date():
-    result = subprocess.run([sys.executable, "scripts/results.py", "--check"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "bench.results_page", "--check"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
 
 def test_results_page_follows_the_raw_rows(tmp_path):
-    results = load_script("results")
+    results = results_page
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
     runs = json.loads((docs / "benchmarks/default_run.json").read_text())
@@ -92,7 +99,7 @@ def test_results_page_follows_the_raw_rows(tmp_path):
 def test_the_run_results_md_puts_in_main_dvc_lock_is_the_one_there():
     # results.md says which default run main's dvc.lock holds; `dvc metrics show` prints the
     # committed metric files, so they must be that run's figures, not another run's
-    results = load_script("results")
+    results = results_page
     runs = json.loads((REPO / "docs/benchmarks/default_run.json").read_text())["sittings"]
     run = runs[results.run_in_main_dvc_lock(runs, "default_run.json")]
     test = json.loads((REPO / "data/eval/metrics.json").read_text())
@@ -111,14 +118,14 @@ def test_the_run_results_md_puts_in_main_dvc_lock_is_the_one_there():
 
 
 def test_row_notes_end_with_one_full_stop():
-    results = load_script("results")
+    results = results_page
     rows = [{"name": "a", "note": "ran once."}, {"name": "b", "note": "ran twice"}, {"name": "c"}]
     assert results.row_notes(rows) == ["- a: ran once.", "- b: ran twice.", ""]
 
 
 def test_results_page_cites_every_file_it_reads(monkeypatch):
     # An uncited file under docs/benchmarks/ is deleted, so the page names each file it reads.
-    results = load_script("results")
+    results = results_page
     read = []
     load_json = results.load_json
     monkeypatch.setattr(results, "load_json", lambda bench, name: read.append(name)
@@ -133,7 +140,7 @@ def test_results_page_cites_every_file_it_reads(monkeypatch):
 def test_results_show_the_last_training_sitting_of_each_cpu(tmp_path):
     # Training speed: one table per CPU, its last sitting, newest first; earlier sittings on a
     # CPU stay in the file only.
-    results = load_script("results")
+    results = results_page
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
     path = docs / "benchmarks" / results.BENCHMARKS["train_speed"]
@@ -168,9 +175,9 @@ def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
     outs = []
     for name in ("a.tsv", "b.tsv"):
         out = tmp_path / name
-        result = subprocess.run([sys.executable, str(REPO / "scripts/make_corpus.py"),
+        result = subprocess.run([sys.executable, "-m", "bench.make_corpus",
                                  "--source", str(source), "--pairs", "50", "--out", str(out)],
-                                capture_output=True, text=True)
+                                capture_output=True, text=True, cwd=REPO)
         assert result.returncode == 0, result.stderr
         outs.append(out.read_text(encoding="utf-8"))
     assert outs[0] == outs[1]  # same seed, same file
@@ -189,10 +196,10 @@ def test_benchmark_data_measures_each_stage(tmp_path, hub):
     source = tmp_path / "toy.tsv"
     source.write_text(toy_tsv(), encoding="utf-8")
     out = tmp_path / "rows.json"
-    result = subprocess.run([sys.executable, str(REPO / "scripts/benchmark_data.py"),
+    result = subprocess.run([sys.executable, "-m", "bench.data_scaling",
                              "--source", str(source), "--pairs", "300", "--json", str(out),
                              *(["--hub"] if hub else [])],
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [r["stage"] for r in rows] == ["download", "split", "tokenize"]
@@ -208,8 +215,8 @@ def test_engine_benchmark_on_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     """--device cuda must not quietly time the CPU when no GPU is there."""
     pytest.importorskip("ctranslate2")
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--device", "cuda",
-         "--models", str(tmp_path)], capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "bench.engines_vs_ctranslate2", "--device", "cuda",
+         "--models", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 1
     assert result.stderr.startswith("error: --device cuda needs a GPU")
     assert "Traceback" not in result.stderr
@@ -222,8 +229,9 @@ def write_translations(path: Path, rows: list[tuple[str, str, str]]) -> Path:
 
 
 def compare_cli(*args: Path | str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts/compare.py"), *map(str, args),
-                           "--target-lang", "zh"], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "bench.paired_significance", *map(str, args),
+                           "--target-lang", "zh"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
 
 
 def test_compare_finds_the_better_system_and_scores_as_evaluate_does(tmp_path):
@@ -242,7 +250,7 @@ def test_compare_finds_the_better_system_and_scores_as_evaluate_does(tmp_path):
                                                       in zip(pairs, base_hyps)])
     cand = write_translations(tmp_path / "cand.tsv", [(en, zh, h) for (en, zh), h
                                                       in zip(pairs, cand_hyps)])
-    compare = load_script("compare")
+    compare = paired_significance
     result = compare.paired_test(base_hyps, cand_hyps, refs, "zh")
     # BLEU as evaluate computes it (zh tokenizer): the same numbers, in the right places
     assert result["BLEU"]["baseline"] == bleu(base_hyps, refs, "zh")
@@ -296,12 +304,12 @@ print("SUMMARY_JSON " + json.dumps({"tok_s": tok_s, "mfu_analytic": 0.25, "peak_
 
 
 def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, monkeypatch):
-    """scripts/benchmark_training.py with the stage and the peer faked: the rows run in order
+    """bench.train_speed_vs_peer with the stage and the peer faked: the rows run in order
     with their overrides, the peer's FLOPs per token come from its summary, the targets are
     judged, and results.py renders the file."""
     import torch
 
-    bench = load_script("benchmark_training")
+    bench = train_speed_vs_peer
     (tmp_path / "tokenized").mkdir()
     (tmp_path / "tokenized/marker").write_text("")
     (tmp_path / "tokenizer").mkdir()
@@ -347,7 +355,7 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
     assert sitting["note"].endswith("all met on this CPU.")
     assert "ours bf16 / peer fp32 2.33x (target 1.6)" in sitting["note"]
     assert "ours bf16 / ours fp32 1.75x (target 1.3)" in sitting["note"]
-    results = load_script("results")
+    results = results_page
     rendered = "\n".join(results.training_speed_by_precision([sitting]))
     assert "| ours | bf16 | 2 x 1 |" in rendered and "| 2.33 |" in rendered
     assert peaks_read.count(torch.bfloat16) == 2 and sitting["matmul_peak_gflops"]["bf16"] == 100
@@ -367,7 +375,7 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
 
 
 def test_training_sitting_says_which_target_is_missed():
-    bench = load_script("benchmark_training")
+    bench = train_speed_vs_peer
     rows = [{"system": "Hugging Face peer", "precision": "fp32", "tokens_per_s": 3000},
             {"system": "ours", "precision": "fp32", "tokens_per_s": 5000},
             {"system": "Hugging Face peer", "precision": "bf16", "tokens_per_s": 4000},
@@ -381,7 +389,7 @@ def test_training_sitting_says_which_target_is_missed():
 
 def test_training_sitting_stops_before_the_peer_runs_when_our_inputs_are_missing(
         tmp_path, monkeypatch):
-    bench = load_script("benchmark_training")
+    bench = train_speed_vs_peer
     monkeypatch.setattr(bench.paths, "TOKENIZED", tmp_path / "tokenized")
     monkeypatch.setattr(bench.paths, "TOKENIZER", tmp_path / "tokenizer")
     ran = tmp_path / "peer_ran"
@@ -409,7 +417,7 @@ def test_engine_benchmark_times_each_engine_in_a_process_of_its_own(tmp_path, mo
     slower at two threads: now every pass runs in a new process that loads neither torch nor
     an engine runtime of its own accord."""
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
-    bench = load_script("benchmark_engines")
+    bench = engines_vs_ctranslate2
     first, second = (bench.run_worker(fake_spec(), tmp_path) for _ in range(2))
     assert len({first["pid"], second["pid"], os.getpid()}) == 3
     assert first["modules"] == [] and second["modules"] == []  # no torch, no engine runtime
@@ -420,7 +428,7 @@ def test_engine_benchmark_times_each_engine_in_a_process_of_its_own(tmp_path, mo
 def test_ctranslate2_in_the_engine_benchmark_turns_every_hypothesis_into_text():
     """With --n-best ours returns each hypothesis as text; CTranslate2's side decoded only the
     first of each list, so its clock held less work than ours."""
-    bench = load_script("benchmark_engines")
+    bench = engines_vs_ctranslate2
     decoded = []
 
     class Pieces:  # the SentencePiece models of either side
@@ -450,7 +458,7 @@ def test_engine_benchmark_pairs_passes_without_and_with_scores(tmp_path, monkeyp
     """--score-cost: one worker times its engine both ways, round after round, and a cell's
     row reports each way's speed and the median of the rounds' scored / plain ratios."""
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
-    bench = load_script("benchmark_engines")
+    bench = engines_vs_ctranslate2
     spec = fake_spec("fake_engine:ClockedEngine") | {"score_cost": 3}
     costs = bench.run_worker(spec, tmp_path)["score_cost"]
     # 3 lines: 3 s plain, 9 s with scores, in every round and in batches of 1 or 2
@@ -460,7 +468,7 @@ def test_engine_benchmark_pairs_passes_without_and_with_scores(tmp_path, monkeyp
                                {"plain": 0.1, "scored": 0.125, "ratios": [0.95, 0.8, 0.9]})
     assert (row["plain_sent_per_s"], row["scored_sent_per_s"]) == (3000.0, 2400.0)
     assert (row["scored_vs_plain"], row["ratio_range"], row["rounds"]) == (0.9, [0.8, 0.95], 3)
-    refused = subprocess.run([sys.executable, str(REPO / "scripts/benchmark_engines.py"),
+    refused = subprocess.run([sys.executable, "-m", "bench.engines_vs_ctranslate2",
                               "--score-cost", "4", "--scores"],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "not with --scores" in refused.stderr
@@ -470,10 +478,9 @@ def test_engine_benchmark_refuses_to_time_in_a_process_with_torch(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(fake_spec("ctranslate2")))
     code = ("import sys, runpy, torch; sys.argv = [sys.argv[1], '--worker', sys.argv[2]]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
-    script = REPO / "scripts/benchmark_engines.py"
-    result = subprocess.run([sys.executable, "-c", code, str(script), str(spec)],
-                            capture_output=True, text=True, timeout=300)
+            "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+    result = subprocess.run([sys.executable, "-c", code, "bench.engines_vs_ctranslate2",
+                             str(spec)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 1
     assert result.stderr.strip() == ("error: refusing to time ctranslate2: torch is loaded in "
                                      "this process (it slows the engines; run each engine in a "
@@ -488,7 +495,7 @@ def test_idle_search_runs_every_step_it_is_given(beam):
     import numpy as np
     import onnxruntime as ort
 
-    kernels = load_script("benchmark_kernels")
+    kernels = ort_kernels
     session = ort.InferenceSession(kernels.idle_search(vocab=50), providers=[
         "CPUExecutionProvider"])
     for length in (4, 20):
@@ -506,7 +513,7 @@ def test_chained_products_are_a_chain(k, n):
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    kernels = load_script("benchmark_kernels")
+    kernels = ort_kernels
     model = kernels.chained_products(k, n)
     weights = [numpy_helper.to_array(w).astype(np.float64)
                for w in onnx.load_from_string(model).graph.initializer]
@@ -530,7 +537,7 @@ def test_the_train_step_benchmark_switches_one_lever_off_and_back(monkeypatch):
     from src.training import loss as loss_module
     from src.training.validation import token_loss
 
-    bench = load_script("benchmark_train_step")
+    bench = train_step_speed
     torch.manual_seed(0)
     model = Transformer(ModelConfig(30, 30, d_model=16, n_heads=2, n_layers=1, ffn_dim=32,
                                     dropout=0.0)).train()

@@ -7,8 +7,8 @@ natural lengths, sorted by source tokens into batches as `src.infer --input` doe
 beam x batch x precision x thread count asked for. Needs the optional extra:
 
     pip install -e '.[ctranslate2]'
-    python scripts/benchmark_engines.py                                  # everything
-    python scripts/benchmark_engines.py --sentences 300 --threads 1 --json out.json
+    python -m bench.engines_vs_ctranslate2                                  # everything
+    python -m bench.engines_vs_ctranslate2 --sentences 300 --threads 1 --json out.json
 
 `--scores` makes both engines return each translation's score (CTranslate2 `return_scores`),
 `--n-best N` N scored hypotheses per sentence (CTranslate2 `num_hypotheses`), so each clock
@@ -32,27 +32,28 @@ pass per cell counts, so drift and noise hit both alike. Both clocks hold the sa
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
+import typer
 
-from src.core import paths  # noqa: E402
-from src.core.metrics import bleu  # noqa: E402
-from src.data.subword import decode_ids, drop_broken_bytes  # noqa: E402
-from src.runtime import contract, generation, placement  # noqa: E402  (no onnxruntime until a session opens)
-from src.runtime.length_batches import translate_in_batches  # noqa: E402
+from bench import common
+from bench.common import commit, cpu_description, ints, markdown_table, test_split, write_json
+from src.core import paths
+from src.core.cli import run_cli
+from src.core.metrics import bleu
+from src.data.subword import decode_ids, drop_broken_bytes
+from src.runtime import contract, generation, placement  # no onnxruntime until a session opens
+from src.runtime.length_batches import translate_in_batches
 
-SCRIPT = Path(__file__).resolve()
 # What no timing process may hold: torch, and the other engine's runtime.
 FOREIGN = {"ours": ("torch", "ctranslate2"), "ours_baseline": ("torch", "ctranslate2"),
            "ctranslate2": ("torch", "onnxruntime")}
@@ -227,85 +228,36 @@ def paired_score_cost(engine, lines: list[str], size: int, beam: int, lengths: d
 
 
 def run_worker(spec: dict, work: Path) -> dict:
-    """`worker(spec)` in a fresh Python process (this script with --worker)."""
-    spec_file = work / "spec.json"
-    spec_file.write_text(json.dumps(spec), encoding="utf-8")
-    result = subprocess.run([sys.executable, str(SCRIPT), "--worker", str(spec_file)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        message = result.stderr.strip().splitlines()[-1:] or [f"exit {result.returncode}"]
-        sys.exit(f"error: the {spec['engine']} worker failed: {message[0]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """`worker(spec)` in a fresh Python process (bench.common's worker protocol)."""
+    try:
+        return common.run_worker("bench.engines_vs_ctranslate2", spec, work)
+    except common.WorkerFailed as exc:
+        sys.exit(f"error: the {spec['engine']} worker failed: {exc}")
 
 
-def load_test(split_dir: Path) -> tuple[list[str], list[str]]:
-    from datasets import load_from_disk
-
-    test = load_from_disk(str(split_dir))["test"]
-    return list(test["source"]), list(test["target"])
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, with the combinations that cannot be timed refused."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=Path, default=paths.MODELS,
-                        help="dir with model.pt, model.onnx, model.int8.onnx, tokenizer/")
-    parser.add_argument("--split-dir", type=Path, default=paths.TOKENIZED)
-    parser.add_argument("--sentences", type=int, default=0,
-                        help="time the first N test sentences (0: all)")
-    parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--beams", default="1,4")
-    parser.add_argument("--batches", default="1,32")
-    parser.add_argument("--precisions", default="fp32,int8",
-                        help="of fp32, int8, fp16 (fp16: --device cuda only)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: our files on ONNX Runtime's CUDA provider (onnxruntime-gpu) "
-                             "and CTranslate2 on the GPU; threads then only feed the CPU side")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="passes per engine, engines alternating, each in a new process; "
-                             "the fastest pass counts (this machine's run-to-run noise is ~20%%)")
-    parser.add_argument("--scores", action="store_true",
-                        help="both engines also return each translation's score")
-    parser.add_argument("--n-best", type=int, default=1,
-                        help="both engines return this many scored hypotheses per sentence")
-    parser.add_argument("--baseline", type=Path,
-                        help="a dir of our files (same weights, other code) timed as a third "
-                             "engine, ours_baseline")
-    parser.add_argument("--force-length", type=int, metavar="L",
-                        help="every output of both engines exactly L tokens (no early end)")
-    parser.add_argument("--score-cost", type=int, default=0, metavar="R",
-                        help="what returning scores costs each engine: R rounds of passes "
-                             "without and with scores, alternating in each engine's process")
-    parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one timing process
-    args = parser.parse_args(argv)
-    if args.worker:
-        return args
-    if args.n_best > min(ints(args.beams)):
-        parser.error(f"--n-best {args.n_best} needs every beam of --beams to be at least that")
-    if args.force_length and (args.scores or args.n_best > 1):
-        parser.error("--force-length times one unscored translation per sentence: not with "
-                     "--scores or --n-best")
-    if args.score_cost and (args.scores or args.n_best > 1 or args.force_length
-                            or args.baseline):
-        parser.error("--score-cost times each engine with and without scores itself: not with "
-                     "--scores, --n-best, --force-length or --baseline")
-    return args
-
-
-def ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
+def refuse_combinations(a: SimpleNamespace) -> None:
+    """The combinations of options that cannot be timed, refused as usage errors."""
+    if a.n_best > min(ints(a.beams)):
+        raise typer.BadParameter(f"--n-best {a.n_best} needs every beam of --beams to be at "
+                                 "least that")
+    if a.force_length and (a.scores or a.n_best > 1):
+        raise typer.BadParameter("--force-length times one unscored translation per sentence: "
+                                 "not with --scores or --n-best")
+    if a.score_cost and (a.scores or a.n_best > 1 or a.force_length or a.baseline):
+        raise typer.BadParameter("--score-cost times each engine with and without scores "
+                                 "itself: not with --scores, --n-best, --force-length or "
+                                 "--baseline")
 
 
 class Sitting:
     """One sitting: the test sentences, their source lengths, the converted CTranslate2 model
     and the engines to time, each pass a worker process of its own (`run_worker`)."""
 
-    def __init__(self, args: argparse.Namespace, work: Path):
+    def __init__(self, args: SimpleNamespace, work: Path):
         self.args, self.work = args, work
         tokenizer_dir = args.models / "tokenizer"
-        self.sources, self.references = load_test(args.split_dir)
+        test = test_split(args.split_dir)
+        self.sources, self.references = list(test["source"]), list(test["target"])
         self.target_lang = json.loads(
             (tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
         # this process times nothing: it may load a model to count source tokens (batching)
@@ -399,7 +351,7 @@ class Sitting:
                     yield row
 
 
-def run_sitting(args: argparse.Namespace) -> list[dict]:
+def run_sitting(args: SimpleNamespace) -> list[dict]:
     """Quality first (unless only speeds are asked for), then the speed or score-cost rows,
     each printed as JSON as it is measured."""
     precisions = args.precisions.split(",")
@@ -415,27 +367,53 @@ def run_sitting(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def write_json(path: Path, rows: list[dict]) -> None:
-    """The rows with the command, commit and CPU that produced them."""
-    from scripts.benchmark_training import cpu_description  # torch: this process only
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    path.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "commit": commit,
-                                "machine": cpu_description(), "rows": rows}, indent=1) + "\n")
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
-def main() -> None:
-    args = parse_args()
-    if args.worker:  # one timing process
-        print(json.dumps(worker(json.loads(args.worker.read_text(encoding="utf-8")))))
-        return
-    if args.device == "cuda":
+@app.command(help=__doc__)
+def main(
+    models: Path = typer.Option(paths.MODELS, help="Dir with model.pt, model.onnx, "
+                                "model.int8.onnx, tokenizer/."),
+    split_dir: Path = typer.Option(paths.TOKENIZED),
+    sentences: int = typer.Option(0, help="Time the first N test sentences (0: all)."),
+    threads: str = typer.Option("1,2"),
+    beams: str = typer.Option("1,4"),
+    batches: str = typer.Option("1,32"),
+    precisions: str = typer.Option("fp32,int8", help="Of fp32, int8, fp16 (fp16: --device cuda "
+                                   "only)."),
+    device: str = typer.Option("cpu", help="cpu | cuda: our files on ONNX Runtime's CUDA "
+                               "provider (onnxruntime-gpu) and CTranslate2 on the GPU; threads "
+                               "then only feed the CPU side."),
+    repeats: int = typer.Option(3, help="Passes per engine, engines alternating, each in a new "
+                                "process; the fastest pass counts (this machine's run-to-run "
+                                "noise is ~20%)."),
+    scores: bool = typer.Option(False, "--scores", help="Both engines also return each "
+                                "translation's score."),
+    n_best: int = typer.Option(1, help="Both engines return this many scored hypotheses per "
+                               "sentence."),
+    baseline: Path = typer.Option(None, help="A dir of our files (same weights, other code) "
+                                  "timed as a third engine, ours_baseline."),
+    force_length: int = typer.Option(None, metavar="L", help="Every output of both engines "
+                                     "exactly L tokens (no early end)."),
+    score_cost: int = typer.Option(0, metavar="R", help="What returning scores costs each "
+                                   "engine: R rounds of passes without and with scores, "
+                                   "alternating in each engine's process."),
+    json_out: Path = typer.Option(None, "--json", help="Write the rows here."),
+    worker_spec: Path = typer.Option(None, "--worker", hidden=True),  # one timing process
+) -> None:
+    if worker_spec:
+        return common.serve_worker(worker_spec, worker)
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter("expected cpu or cuda", param_hint="--device")
+    args = SimpleNamespace(**{k: v for k, v in locals().items() if k != "worker_spec"})
+    refuse_combinations(args)
+    if device == "cuda":
         require_gpu()
     rows = run_sitting(args)
     print_table(rows)
-    if args.json:
-        write_json(args.json, rows)
+    if json_out:  # with the command, commit and CPU that produced them
+        write_json(json_out, {"command": "python " + " ".join(sys.argv), "commit": commit(),
+                              "machine": cpu_description(), "rows": rows}, indent=1)
 
 
 def require_gpu() -> None:
@@ -464,22 +442,20 @@ def score_cost_row(engine: str, precision: str, threads: int, beam: int, batch: 
 
 def print_table(rows: list[dict]) -> None:
     if any(r["kind"] == "score_cost" for r in rows):
-        print("\n| engine | precision | beam | batch | threads | sent/s without scores | with "
-              "scores | with / without (median of rounds) |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for r in (r for r in rows if r["kind"] == "score_cost"):
-            print(f"| {r['engine']} | {r['precision']} | {r['beam']} | {r['batch']} | "
-                  f"{r['threads']} | {r['plain_sent_per_s']} | {r['scored_sent_per_s']} | "
-                  f"{r['scored_vs_plain']} ({r['ratio_range'][0]}-{r['ratio_range'][1]}) |")
+        print("\n" + "\n".join(markdown_table(
+            ["engine", "precision", "beam", "batch", "threads", "sent/s without scores",
+             "with scores", "with / without (median of rounds)"],
+            [[r["engine"], r["precision"], r["beam"], r["batch"], r["threads"],
+              r["plain_sent_per_s"], r["scored_sent_per_s"],
+              f"{r['scored_vs_plain']} ({r['ratio_range'][0]}-{r['ratio_range'][1]})"]
+             for r in rows if r["kind"] == "score_cost"], ["---"] * 2 + ["---:"] * 6)))
         return
-    print("\n| precision | beam | batch | threads | ours sent/s | CTranslate2 sent/s | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        if r["kind"] == "speed":
-            print(f"| {r['precision']} | {r['beam']} | {r['batch']} | {r['threads']} | "
-                  f"{r['ours_sent_per_s']} | {r['ctranslate2_sent_per_s']} | "
-                  f"{r['ours_vs_ctranslate2']} |")
+    print("\n" + "\n".join(markdown_table(
+        ["precision", "beam", "batch", "threads", "ours sent/s", "CTranslate2 sent/s", "ratio"],
+        [[r["precision"], r["beam"], r["batch"], r["threads"], r["ours_sent_per_s"],
+          r["ctranslate2_sent_per_s"], r["ours_vs_ctranslate2"]]
+         for r in rows if r["kind"] == "speed"], ["---"] + ["---:"] * 6)))
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)

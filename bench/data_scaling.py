@@ -1,9 +1,9 @@
 """Time and peak memory of the data stages as the corpus grows.
 
-    python scripts/benchmark_data.py --source cmn.txt --pairs 100000,1000000
-    python scripts/benchmark_data.py --source cmn.txt --pairs 1000000 --hub
+    python -m bench.data_scaling --source cmn.txt --pairs 100000,1000000
+    python -m bench.data_scaling --source cmn.txt --pairs 1000000 --hub
 
-For each size it writes a recombined corpus (scripts/make_corpus.py) into a scratch project,
+For each size it writes a recombined corpus (bench.make_corpus) into a scratch project,
 runs download → split → tokenize (and, with --train-steps N, N training steps) as the pipeline
 does (`python -m src.<stage>` with NMT_ROOT), and prints one row per stage: pairs, stage,
 seconds, peak RSS of its largest process (exact, from wait4) and of all its processes together
@@ -15,7 +15,6 @@ machine.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,10 @@ import psutil
 import typer
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import REPO, ints, write_json
+from bench.make_corpus import read_pairs, recombined
+from src.core.cli import run_cli
+
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
@@ -131,13 +133,13 @@ def main(
     module = {"tokenize": "src.tokenize_corpus"}
     rows = []
     print(f"{'pairs':>10} {'stage':<9} {'seconds':>8} {'peak RSS MB':>12} {'all processes':>14}")
-    for size in (int(p) for p in pairs.split(",")):
+    for size in ints(pairs):
         with tempfile.TemporaryDirectory(prefix="nmt-bench-") as tmp:
             root = Path(tmp)
             corpus = root / "corpus.tsv"
-            subprocess.run([sys.executable, str(REPO / "scripts/make_corpus.py"), "--source",
-                            str(source), "--pairs", str(size), "--out", str(corpus)],
-                           check=True, stdout=subprocess.DEVNULL)
+            with corpus.open("w", encoding="utf-8") as fh:  # make_corpus's defaults
+                fh.writelines(f"{en}\t{zh}\n" for en, zh in recombined(read_pairs(source),
+                                                                        size, 0, ""))
             source_params = hub_snapshot(corpus, root / "hub") if hub else None
             scratch_project(root, corpus, size, train_steps, source_params)
             env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
@@ -157,9 +159,8 @@ def main(
                     rows[-1]["same_bytes_as_tsv"] = same
                     print(f"{'':>10} the Hub corpus is the TSV byte for byte: {same}")
     if json_out:
-        json_out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2)
-                            + "\n")
+        write_json(json_out, {"command": " ".join(sys.argv), "rows": rows})
 
 
 if __name__ == "__main__":
-    app()
+    run_cli(app)

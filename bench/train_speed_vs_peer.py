@@ -16,11 +16,11 @@ CPU that multiplies bf16 natively).
   `--threads`. tokens/s: its SUMMARY_JSON line. Its analytic FLOPs per token (the same dims as
   ours) give every row's share of its precision's matmul peak.
 
-    python scripts/benchmark_training.py --peer-script PATH/peer_train.py \\
+    python -m bench.train_speed_vs_peer --peer-script PATH/peer_train.py \\
         --peer-python PATH/bin/python --peer-data PATH/cmn.txt \\
         --append docs/benchmarks/train_speed_sittings.json
 
-Then `python scripts/results.py` renders the last sitting (the earlier ones beside it) into
+Then `python -m bench.results_page` renders the last sitting (the earlier ones beside it) into
 docs/results.md. Run it on an idle
 machine: two PyTorch processes on two cores slow each other several-fold.
 """
@@ -40,11 +40,10 @@ import torch
 import typer
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from anywhere
-
-from src.core import paths  # noqa: E402
-from src.training.precision import cpu_bf16_feature  # noqa: E402
+from bench.common import REPO, append_sitting, commit, cpu_description, write_json
+from src.core import paths
+from src.core.cli import run_cli
+from src.training.precision import cpu_bf16_feature
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -52,19 +51,6 @@ TRAIN_COMMAND = [sys.executable, "-m", "src.train"]
 # Issue 79's targets: ours bf16 against the peer's fp32, and against our own fp32 (on AMX).
 TARGETS = (("ours", "bf16", "Hugging Face peer", "fp32", 1.6),
            ("ours", "bf16", "ours", "fp32", 1.3))
-
-
-def cpu_description() -> str:
-    """'AMD EPYC (family 25 model 17), 2 cores, AVX-512 BF16, no AMX': the name from
-    /proc/cpuinfo, the bf16 feature as `train.precision: auto` reads it."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    bf16 = {"AMX": "AMX", "AVX-512 BF16": "AVX-512 BF16, no AMX"}.get(cpu_bf16_feature(),
-                                                                     "no native bf16")
-    return (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')} "
-            f"model {info.get('model', '?')}), {os.cpu_count()} cores, {bf16}")
 
 
 def matmul_peak(dtype: torch.dtype, threads: int, size: int = 2048, reps: int = 10) -> float:
@@ -118,7 +104,7 @@ def run_ours(precision: str, minutes: float, threads: int, sets: dict[str, str])
             (scratch / rel).symlink_to(source)
         (scratch / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         env = os.environ | {"NMT_ROOT": str(scratch), "NMT_TRACKING": "off"}
-        done = subprocess.run(TRAIN_COMMAND, cwd=ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.run(TRAIN_COMMAND, cwd=REPO, env=env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"train stage failed:\n{done.stderr[-2000:]}")
         stats = json.loads((scratch / "models" / "train_stats.json").read_text())
@@ -213,8 +199,6 @@ def main(
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     read_peaks()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     sitting = {
         "what": (f"Training speed side by side in one sitting, idle machine, {minutes:g} minutes "
                  f"of training each, {threads} threads, same dims (d256, 3+3 layers, FFN 1024, "
@@ -223,11 +207,11 @@ def main(
                  "the default recipe's first (bidirectional) epoch. Shares use the peer's "
                  f"analytic FLOPs per token ({per_token * 1e3:.2f} MFLOP) against the best "
                  "torch.mm reading of the sitting at that precision. Rows in the order they ran: "
-                 f"`python scripts/benchmark_training.py --minutes {minutes:g} --rounds {rounds}"
+                 f"`python -m bench.train_speed_vs_peer --minutes {minutes:g} --rounds {rounds}"
                  + "".join(f" --set {k}={v}" for k, v in sets.items()) + "`."),
         "cpu": cpu_description(),
         "date": date.today().isoformat(),
-        "commit": commit,
+        "commit": commit(),
         "peak_command": f"torch.mm 2048x2048, {threads} threads, best of 10, before and after "
                         f"the rows ({peaks['fp32']} fp32, "
                         + (f"{peaks['bf16']} bf16)" if peaks["bf16"]
@@ -239,20 +223,10 @@ def main(
     }
     print(sitting["note"])
     if json_out:
-        json_out.write_text(json.dumps(sitting, indent=2, ensure_ascii=False) + "\n")
+        write_json(json_out, sitting)
     if append:
         append_sitting(append, sitting)
 
 
-def append_sitting(path: Path, sitting: dict) -> None:
-    """One more sitting at the end of a sittings file, written whole (a temporary sibling,
-    then renamed), so a failure leaves the file as it was."""
-    doc = json.loads(path.read_text()) if path.exists() else {"sittings": []}
-    doc["sittings"].append(sitting)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
 if __name__ == "__main__":
-    app()
+    run_cli(app)

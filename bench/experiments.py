@@ -2,34 +2,34 @@
 
 Each row is one `dvc exp run -n <name> -S key=value ...` on top of the workspace params.yaml, so
 every row is also an MLflow run and appears in `dvc exp show`. `dvc exp run -S` writes its
-overrides into params.yaml and leaves them there; this script puts back the exact bytes the
+overrides into params.yaml and leaves them there; this tool puts back the exact bytes the
 file had before each row (also when a row fails or is interrupted), so neither a row's overrides
 nor a user's uncommitted edits are lost. After a row finishes, its scores and run summary (the
 stats files) are appended to a JSON-lines results file; a row already there is skipped, so a
 killed sweep resumes.
 
-    python scripts/experiments.py --list
-    python scripts/experiments.py --rows short-base,short-ls0 --set download.url=../cmn-eng.zip
-    python scripts/experiments.py --table      # print the table from the results file
+    python -m bench.experiments --list
+    python -m bench.experiments --rows short-base,short-ls0 --set download.url=../cmn-eng.zip
+    python -m bench.experiments --table      # print the table from the results file
 
 Short rows use a fixed number of steps, so they compare what each choice buys early in training,
 not converged quality; full rows train the whole recipe. Decoding choices on a trained model
-(beam, length penalty, checkpoint): scripts/decoding_choices.py.
+(beam, length penalty, checkpoint): bench.decoding_choices.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from anywhere
+import typer
 
-from src.core.reports import LENGTH_BUCKETS  # noqa: E402
+from bench.common import REPO, markdown_table
+from src.core.cli import run_cli
+from src.core.reports import LENGTH_BUCKETS
 
 # Shared by every training row: a short, fixed number of optimizer steps (about two epochs of
 # cmn-eng) and a warmup that fits inside it. Steps rather than minutes, so rows run side by
@@ -149,7 +149,7 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def run_row(name: str, extra: dict[str, str], results: Path, root: Path = ROOT) -> dict:
+def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) -> dict:
     what, overrides, target = ROWS[name]
     settings = {**extra, **overrides}  # a row's own overrides win (en-vi has its own data)
     cmd = ["dvc", "exp", "run", "-n", name]
@@ -195,53 +195,55 @@ def load_results(results: Path) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| experiment | what changes | test BLEU | chrF | beam | valid loss | train min "
-          "| params |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        minutes = f"{r['train_seconds'] / 60:.1f}" if r.get("train_seconds") else "n/a"
-        params = f"{r['n_parameters'] / 1e6:.2f}M" if r.get("n_parameters") else "n/a"
-        print(f"| {r['name']} | {r['what']} | {r['bleu']} | {r['chrf']} | {r['beam_size']} | "
-              f"{r.get('final_valid_loss', 'n/a')} | {minutes} | {params} |")
+    print("\n".join(markdown_table(
+        ["experiment", "what changes", "test BLEU", "chrF", "beam", "valid loss", "train min",
+         "params"],
+        [[r["name"], r["what"], r["bleu"], r["chrf"], r["beam_size"],
+          r.get("final_valid_loss", "n/a"),
+          f"{r['train_seconds'] / 60:.1f}" if r.get("train_seconds") else "n/a",
+          f"{r['n_parameters'] / 1e6:.2f}M" if r.get("n_parameters") else "n/a"]
+         for r in rows])))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra override for every row, e.g. download.url=<local zip>")
-    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "experiments.jsonl",
-                        help="JSON-lines file rows are appended to (and skipped if present)")
-    parser.add_argument("--list", action="store_true", help="list the rows and exit")
-    parser.add_argument("--table", action="store_true", help="print the table and exit")
-    args = parser.parse_args()
-    if args.list:
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(
+    rows: str = typer.Option("", help="Comma-separated row names (default: all)."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Extra override for "
+                                   "every row, e.g. download.url=<local zip>."),
+    results: Path = typer.Option(REPO / "docs" / "experiments.jsonl", help="JSON-lines file "
+                                 "rows are appended to (and skipped if present)."),
+    list_rows: bool = typer.Option(False, "--list", help="List the rows and exit."),
+    table: bool = typer.Option(False, "--table", help="Print the table and exit."),
+) -> None:
+    if list_rows:
         for name, (what, overrides, target) in ROWS.items():
             print(f"{name:<22} {what}  [{target}] " + " ".join(f"{k}={v}" for k, v in
                                                              overrides.items()))
         return
-    if args.table:
-        print_table(load_results(args.results))
+    if table:
+        print_table(load_results(results))
         return
-    names = [n for n in args.rows.split(",") if n] or list(ROWS)
+    names = [n for n in rows.split(",") if n] or list(ROWS)
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         sys.exit(f"error: unknown row(s) {', '.join(unknown)}; see --list")
-    extra = dict(item.split("=", 1) for item in args.set)
-    done = {r["name"] for r in load_results(args.results)}
+    extra = dict(item.split("=", 1) for item in set_)
+    done = {r["name"] for r in load_results(results)}
     for name in names:
         if name in done:
-            print(f"{name}: already in {args.results}, skipped")
+            print(f"{name}: already in {results}, skipped")
             continue
         try:
-            row = run_row(name, extra, args.results)
+            row = run_row(name, extra, results)
         except subprocess.CalledProcessError as exc:
             sys.exit(f"error: row {name} failed (exit {exc.returncode}); see the output above")
         print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']} ({row['wall_seconds']} s)",
               flush=True)
-    print_table(load_results(args.results))
+    print_table(load_results(results))
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)

@@ -7,9 +7,9 @@ in the same length-sorted batches, with the same search rules and output limit
 (`contract.max_new_tokens`), so they do the same work; greedy outputs are identical across
 systems (export checks it). Ids in, ids out: tokenizing is left out.
 
-    python scripts/benchmark_infer.py                       # everything, 2 threads
-    python scripts/benchmark_infer.py --systems onnx --threads 1,2   # pick infer's default
-    python scripts/benchmark_infer.py --json docs/benchmarks/infer_speed.json  # for results.md
+    python -m bench.translation_speed                       # everything, 2 threads
+    python -m bench.translation_speed --systems onnx --threads 1,2   # pick infer's default
+    python -m bench.translation_speed --json docs/benchmarks/infer_speed.json  # for results.md
 
 Not a test: timings need an otherwise idle machine. Each system at each thread count is timed
 in a process of its own, the ONNX ones in a process without torch (as `src.infer` and the
@@ -22,20 +22,29 @@ served model run), since one engine's idle worker threads slow another's. System
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
+import typer
 
-from src.core import paths  # noqa: E402
-from src.core.special_ids import EOS  # noqa: E402
+from bench.common import (
+    commit,
+    cpu_description,
+    ints,
+    markdown_table,
+    run_worker,
+    serve_worker,
+    test_split,
+    write_json,
+)
+from src.core import paths
+from src.core.cli import run_cli
+from src.core.special_ids import EOS
+from src.runtime.length_batches import length_batches
 
 SYSTEMS = ("torch-nocache", "torch-cache", "onnx", "int8")
 TORCH_SYSTEMS = ("torch-nocache", "torch-cache")
@@ -108,11 +117,10 @@ def onnx_runner(onnx_path: Path, threads: int):
 
 
 def batches(sources: list[list[int]], size: int, source_limit: int) -> list[list[list[int]]]:
-    """Length-sorted batches of source rows cut to the model's limit, each + EOS (as evaluate
-    and `infer --input` make them)."""
-    ordered = sorted(sources, key=len)
-    return [[list(s[:source_limit]) + [EOS] for s in ordered[i: i + size]]
-            for i in range(0, len(ordered), size)]
+    """The translators' length-sorted batches (src.runtime.length_batches, by source tokens;
+    ids, so no line counts as blank) of source rows cut to the model's limit, each + EOS."""
+    order = length_batches(["ids"] * len(sources), size, dict(enumerate(map(len, sources))))
+    return [[list(sources[i][:source_limit]) + [EOS] for i in idx] for idx in order]
 
 
 def busy_cpu_seconds() -> float:
@@ -149,113 +157,94 @@ def time_config(run, work: list[list[list[int]]], beam: int, output_limit: int,
             "foreign_cpu": foreign}
 
 
-def load_sources(split_dir: Path, n: int) -> list[list[int]]:
-    from datasets import load_from_disk
-
-    return list(load_from_disk(str(split_dir))["test"]["source_ids"])[:n]
-
-
-def worker(a: argparse.Namespace) -> None:
-    """One system at one thread count, in this process: its rows as JSON to `--rows-out`."""
-    system, threads = a.worker, int(a.threads)
+def worker(spec: dict) -> list[dict]:
+    """One system at one thread count, in this process: its rows."""
+    system, threads = spec["system"], spec["threads"]
     if system in TORCH_SYSTEMS:
-        run, source_limit, output_limit = torch_runner(system, a.model, threads)
+        run, source_limit, output_limit = torch_runner(system, Path(spec["model"]), threads)
     else:
-        run, source_limit, output_limit = onnx_runner(a.onnx if system == "onnx" else a.int8,
-                                                      threads)
+        run, source_limit, output_limit = onnx_runner(Path(spec[system]), threads)
         if "torch" in sys.modules:
-            sys.exit(f"benchmark_infer: torch was imported in the {system} process; "
+            sys.exit(f"translation_speed: torch was imported in the {system} process; "
                      "ONNX Runtime is timed without it")
-    sources = load_sources(a.data, max(a.n, a.n1))
+    n, n1 = spec["n"], spec["n1"]
+    sources = list(test_split(Path(spec["data"]))["source_ids"])[:max(n, n1)]
     rows = []
-    for beam in (int(b) for b in a.beams.split(",")):
-        for size in (int(b) for b in a.batches.split(",")):
-            work = batches(sources[: a.n1 if size == 1 else a.n], size, source_limit)
-            r = time_config(run, work, beam, output_limit, a.max_seconds)
+    for beam in ints(spec["beams"]):
+        for size in ints(spec["batches"]):
+            work = batches(sources[: n1 if size == 1 else n], size, source_limit)
+            r = time_config(run, work, beam, output_limit, spec["max_seconds"])
             rows.append({"system": system, "threads": threads, "beam": beam, "batch": size, **r})
             print(f"  {system:<13} threads={threads} beam={beam} batch={size:<3} "
                   f"{r['sent_s']:8.2f} sent/s ({r['sentences']} sentences, "
-                  f"foreign CPU {r['foreign_cpu']:.2f})", flush=True)
-    Path(a.rows_out).write_text(json.dumps(rows), encoding="utf-8")
+                  f"foreign CPU {r['foreign_cpu']:.2f})", file=sys.stderr, flush=True)
+    return rows
 
 
-def timed_in_own_process(argv: list[str], system: str, threads: int) -> list[dict]:
-    """Re-runs this script, with the command line it was given, as the worker of one system at
-    one thread count (argparse keeps the last --threads)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rows.json"
-        subprocess.run([sys.executable, __file__, *argv, "--worker", system,
-                        "--threads", str(threads), "--rows-out", str(out)], check=True)
-        return json.loads(out.read_text(encoding="utf-8"))
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
-def write_json(path: Path, rows: list[dict], command: str, model: str) -> None:
-    """The rows with what produced them, in the shape scripts/results.py renders."""
-    from scripts.benchmark_training import cpu_description  # torch: after the timed processes
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=paths.ROOT,
-                            capture_output=True, text=True).stdout.strip() or "unknown"
-    doc = {"what": "Translation speed of models/model.onnx and PyTorch, sentences/s on test "
-                   "sentences", "command": command, "commit": commit, "model": model,
-           "machine": cpu_description(), "date": time.strftime("%Y-%m-%d"),
-           "rows": [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
-                    for r in rows]}
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    print(f"# wrote {path}")
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=paths.MODELS / "model.pt")
-    p.add_argument("--onnx", type=Path, default=paths.ONNX_MODEL)
-    p.add_argument("--int8", type=Path, default=paths.ONNX_INT8_MODEL)
-    p.add_argument("--data", type=Path, default=paths.TOKENIZED)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--batches", default="1,32")
-    p.add_argument("--beams", default="1,4")
-    p.add_argument("--threads", default="2",
-                   help="comma list; ONNX systems run at each, PyTorch at the largest")
-    p.add_argument("--n", type=int, default=256, help="sentences for batched runs")
-    p.add_argument("--n1", type=int, default=64, help="sentences for batch-1 runs")
-    p.add_argument("--max-seconds", type=float, default=60.0,
-                   help="per configuration; stops after the batch that crosses it")
-    p.add_argument("--json", type=Path, default=None,
-                   help="also write the rows here (docs/benchmarks/infer_speed.json feeds "
-                        "scripts/results.py)")
-    p.add_argument("--model-note", default=None,
-                   help="which model this is, for the JSON (default: --model's path)")
-    p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
-    p.add_argument("--rows-out", help=argparse.SUPPRESS)
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    systems = a.systems.split(",")
-    unknown = sorted(set(systems) - set(SYSTEMS))
+@app.command(help=__doc__)
+def main(
+    model: Path = typer.Option(paths.MODELS / "model.pt"),
+    onnx: Path = typer.Option(paths.ONNX_MODEL),
+    int8: Path = typer.Option(paths.ONNX_INT8_MODEL),
+    data: Path = typer.Option(paths.TOKENIZED),
+    systems: str = typer.Option(",".join(SYSTEMS)),
+    batches: str = typer.Option("1,32"),
+    beams: str = typer.Option("1,4"),
+    threads: str = typer.Option("2", help="Comma list; ONNX systems run at each, PyTorch at the "
+                                "largest."),
+    n: int = typer.Option(256, "--n", help="Sentences for batched runs."),
+    n1: int = typer.Option(64, "--n1", help="Sentences for batch-1 runs."),
+    max_seconds: float = typer.Option(60.0, help="Per configuration; stops after the batch "
+                                      "that crosses it."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the rows here "
+                                  "(docs/benchmarks/infer_speed.json feeds bench.results_page)."),
+    model_note: str = typer.Option(None, help="Which model this is, for the JSON (default: "
+                                   "--model's path)."),
+    worker_spec: Path = typer.Option(None, "--worker", hidden=True),
+) -> None:
+    if worker_spec:
+        return serve_worker(worker_spec, worker)
+    chosen = systems.split(",")
+    unknown = sorted(set(chosen) - set(SYSTEMS))
     if unknown:
-        p.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
-    threads = [int(t) for t in a.threads.split(",")]
+        raise typer.BadParameter(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}",
+                                 param_hint="--systems")
+    counts = ints(threads)
     print(f"# cpu_count={os.cpu_count()}; load average before {os.getloadavg()[0]:.2f}",
           flush=True)
+    spec = {"model": str(model), "onnx": str(onnx), "int8": str(int8), "data": str(data),
+            "n": n, "n1": n1, "beams": beams, "batches": batches, "max_seconds": max_seconds}
     rows = []
-    for system in systems:
-        if system == "int8" and not a.int8.exists():
-            print(f"# skipping int8: {a.int8} not found (export.quantize: false?)")
-            continue
-        for t in [max(threads)] if system in TORCH_SYSTEMS else threads:
-            rows += timed_in_own_process(sys.argv[1:], system, t)
-    if a.json:
-        command = shlex.join(["python", "scripts/benchmark_infer.py", *sys.argv[1:]])
-        write_json(a.json, rows, command, a.model_note or str(a.model))
+    with tempfile.TemporaryDirectory() as work:
+        for system in chosen:
+            if system == "int8" and not int8.exists():
+                print(f"# skipping int8: {int8} not found (export.quantize: false?)")
+                continue
+            for count in [max(counts)] if system in TORCH_SYSTEMS else counts:
+                rows += run_worker("bench.translation_speed",
+                                   spec | {"system": system, "threads": count}, Path(work))
+    if json_out:  # the machine's description imports torch: after the timed processes
+        write_json(json_out, {
+            "what": "Translation speed of models/model.onnx and PyTorch, sentences/s on test "
+                    "sentences",
+            "command": shlex.join(["python", "-m", "bench.translation_speed", *sys.argv[1:]]),
+            "commit": commit(), "model": model_note or str(model), "machine": cpu_description(),
+            "date": time.strftime("%Y-%m-%d"),
+            "rows": [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
+                     for r in rows]})
+        print(f"# wrote {json_out}")
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in rows if r["system"] == "torch-nocache"}
-    print("\n| system | threads | beam | batch | sent/s | tok/s | x torch-nocache | foreign CPU |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = base.get((r["beam"], r["batch"]))
-        ratio_text = f"{r['sent_s'] / ratio:.2f}" if ratio else "n/a"
-        print(f"| {r['system']} | {r['threads']} | {r['beam']} | {r['batch']} | "
-              f"{r['sent_s']:.2f} | {r['tok_s']:.1f} | {ratio_text} | {r['foreign_cpu']:.2f} |")
+    print("\n" + "\n".join(markdown_table(
+        ["system", "threads", "beam", "batch", "sent/s", "tok/s", "x torch-nocache",
+         "foreign CPU"],
+        [[r["system"], r["threads"], r["beam"], r["batch"], f"{r['sent_s']:.2f}",
+          f"{r['tok_s']:.1f}",
+          f"{r['sent_s'] / base[r['beam'], r['batch']]:.2f}" if base.get(
+              (r["beam"], r["batch"])) else "n/a", f"{r['foreign_cpu']:.2f}"] for r in rows])))
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)

@@ -1,24 +1,28 @@
 """Write docs/results.md from the raw measurements beside it, so every number has one source.
 
-Reads docs/experiments.jsonl (rows appended by scripts/experiments.py) and the files of
+Reads docs/experiments.jsonl (rows appended by bench.experiments) and the files of
 docs/benchmarks/ named in BENCHMARKS. Each table names the command behind its numbers, the CPU
 and the file they come from, by its full name. A file of several sittings ({"sittings": [...]},
 oldest first) keeps them all; the page shows the last one (training speed: the last one on each
 CPU).
 
-    python scripts/results.py            # rewrite docs/results.md
-    python scripts/results.py --check    # exit 1 if docs/results.md is out of date (CI runs it)
+    python -m bench.results_page            # rewrite docs/results.md
+    python -m bench.results_page --check    # exit 1 if docs/results.md is out of date (CI runs it)
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+import typer
+
+from bench.common import REPO, latest_by_cpu, markdown_table, sittings_of
+from src.core.cli import run_cli
+
+DOCS = REPO / "docs"
 OUT = DOCS / "results.md"
 
 # Every file of docs/benchmarks/ this page reads; the page cites each by its full name.
@@ -33,7 +37,7 @@ BENCHMARKS = {
     "long": "long_translations.tsv",
 }
 
-# The significance level of the decoding rows' paired tests (scripts/compare.py's default).
+# The significance level of the decoding rows' paired tests (bench.paired_significance's).
 ALPHA = 0.05
 # The model whose outputs the sample tables (sample_translations.tsv, long_translations.tsv)
 # hold and judge: a new model's outputs need new verdicts.
@@ -65,9 +69,7 @@ def load_rows(path: Path) -> list[dict]:
 
 
 def table(header: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
-    return out + [""]
+    return markdown_table(header, rows) + [""]
 
 
 def overrides(row: dict) -> str:
@@ -153,7 +155,8 @@ def decoding_choices(decoding: dict, source: str) -> list[str]:
              f"On {decoding['model']}: `{decoding['command']}` at `{decoding['commit']}`; CPU: "
              f"{decoding['machine']}; {decoding['date']}. Each row is `python -m src.evaluate` "
              "with its search settings on the valid split, where choices are made (a paired "
-             "bootstrap test of its valid BLEU against the default's, `scripts/compare.py`, "
+             "bootstrap test of its valid BLEU against the default's, "
+             "`bench.paired_significance`, "
              f"significance level {ALPHA}), and on the test split; sent/s is evaluate's "
              f"PyTorch search on the test split. Raw numbers: {cite(source)}.", ""]
     lines += table(["what", "beam", "length penalty", "model file", "valid BLEU",
@@ -168,7 +171,7 @@ def short_rows(rows: list[dict]) -> list[str]:
     lines = [
         "## Training choices (short runs)",
         "",
-        "`python scripts/experiments.py --rows <name>`: 300 optimizer steps each (about 1.8 "
+        "`python -m bench.experiments --rows <name>`: 300 optimizer steps each (about 1.8 "
         "epochs), test decoded greedily. At 300 steps BLEU is below 1 for every row, so **the "
         "valid loss ranks them** (per-token NLL without smoothing; comparable only between rows "
         "with the same vocabulary). A smoke test of each switch, not evidence for the recipe. "
@@ -206,7 +209,7 @@ def full_rows(rows: list[dict], by_name: dict[str, dict]) -> list[str]:
     lines = [
         "## Recipe ablation (full runs)",
         "",
-        "`python scripts/experiments.py --rows <name>`: each row a whole `dvc exp run` of the "
+        "`python -m bench.experiments --rows <name>`: each row a whole `dvc exp run` of the "
         "pipeline with the overrides shown on top of the committed `params.yaml`, in fp32. "
         "Choices are made on **valid BLEU** (greedy, the averaged final model); the test "
         "columns are beam 4, by source length in words. Raw rows, with how each ran: "
@@ -253,25 +256,11 @@ def pair_rows(rows: list[dict]) -> list[str]:
     return lines
 
 
-def sittings(data: dict) -> list[dict]:
-    """The sittings of a file, oldest first: {"sittings": [...]} or one sitting on its own."""
-    return data["sittings"] if "sittings" in data else [data]
-
-
 def short_cpu(cpu: str) -> str:
     """"Intel(R) Xeon(R) Processor (family 6 model 167), 2 cores, AMX" -> "Intel Xeon
     (family 6 model 167)": a sitting's heading."""
     name = cpu.split(", ")[0].replace("(R)", "").replace(" Processor", "")
     return " ".join(name.split())
-
-
-def latest_by_cpu(all_sittings: list[dict]) -> list[dict]:
-    """The last sitting of each CPU, newest first: what today's code does on each kind of
-    machine (every sitting stays in its file)."""
-    latest: dict[str, dict] = {}
-    for one in reversed(all_sittings):
-        latest.setdefault(one["cpu"], one)
-    return list(latest.values())
 
 
 def training_speed_by_precision(all_sittings: list[dict], source: str = "",
@@ -426,7 +415,7 @@ def render(docs: Path = DOCS) -> str:
     lines = [
         "# Results",
         "",
-        "<!-- Generated by `python scripts/results.py` from docs/experiments.jsonl and "
+        "<!-- Generated by `python -m bench.results_page` from docs/experiments.jsonl and "
         "docs/benchmarks/; edit those, not this file. -->",
         "",
         "Measured on 2-core CPU machines without a GPU. Every table names the command behind "
@@ -436,10 +425,10 @@ def render(docs: Path = DOCS) -> str:
         "per row).",
         "",
     ]
-    lines += default_run(sittings(load_json(bench, BENCHMARKS["default"])),
+    lines += default_run(sittings_of(load_json(bench, BENCHMARKS["default"])),
                          BENCHMARKS["default"])
     lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), BENCHMARKS["decoding"])
-    speed = sittings(load_json(bench, BENCHMARKS["train_speed"]))
+    speed = sittings_of(load_json(bench, BENCHMARKS["train_speed"]))
     lines += training_speed_by_precision(speed, BENCHMARKS["train_speed"],
                                          load_json(bench, BENCHMARKS["peer"]), BENCHMARKS["peer"])
     lines += translation_speed(load_json(bench, BENCHMARKS["infer"]), BENCHMARKS["infer"])
@@ -453,20 +442,20 @@ def render(docs: Path = DOCS) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true",
-                        help="only compare; exit 1 if docs/results.md is out of date")
-    args = parser.parse_args()
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(check: bool = typer.Option(False, "--check", help="Only compare; exit 1 if "
+                                    "docs/results.md is out of date.")) -> None:
     text = render()
-    if args.check:
+    if check:
         if not OUT.exists() or OUT.read_text(encoding="utf-8") != text:
-            sys.exit(f"error: {OUT} is out of date: run python scripts/results.py")
+            sys.exit(f"error: {OUT} is out of date: run python -m bench.results_page")
         return
     OUT.write_text(text, encoding="utf-8")
     print(f"wrote {OUT}")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)

@@ -3,7 +3,7 @@ second in headless Chromium with one thread and with two, beside native ONNX Run
 CPU and file; and how many of the sentences the page translates as Python does.
 
     python -m src.web build --out site/
-    python scripts/benchmark_web.py --site site/ --json docs/benchmarks/web_page.json \
+    python -m bench.web_page_speed --site site/ --json docs/benchmarks/web_page.json \
         --doc docs/web.md --screenshot docs/images/web_page.png
 
 The sentences are the first `--sentences` of the test split (data/tokenized), translated at beam
@@ -15,7 +15,6 @@ load's download is a local copy's, not a network's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -25,22 +24,15 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import typer
 
-from benchmark_kernels import cpu  # noqa: E402
-
-from src.core.paths import TOKENIZED, TOKENIZER  # noqa: E402
-from src.webpage import site_server, site_writer  # noqa: E402
+from bench.common import REPO, cpu_description, ints, markdown_table, test_split, write_json
+from src.core.cli import run_cli
+from src.core.paths import TOKENIZER
+from src.webpage import site_server, site_writer
 
 MARKER = "<!-- web table -->"
 COLD_SENTENCE = "How are you?"
-
-
-def test_sources(count: int) -> list[str]:
-    from datasets import load_from_disk
-
-    return list(load_from_disk(str(TOKENIZED))["test"]["source"][:count])
 
 
 def chromium(profile: Path):
@@ -98,8 +90,7 @@ def page_row(url: str, lines: list[str], threads: int, beam: int) -> dict:
 def native_row(model: Path, lines_file: Path, threads: int, beam: int) -> dict:
     """src.infer's translator in a process of its own."""
     program = f"""
-import json, sys, time
-sys.path.insert(0, {str(REPO)!r})
+import json, time
 import onnxruntime
 from src.runtime.generation import load_translator
 lines = open({str(lines_file)!r}, encoding="utf-8").read().split("\\n")[:-1]
@@ -110,7 +101,8 @@ texts = t.translate(lines, {beam}, batch_size=32)
 seconds = time.perf_counter() - start
 print(json.dumps({{"seconds": seconds, "texts": texts, "version": onnxruntime.__version__}}))
 """
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          cwd=REPO)  # where `src` imports from
     if done.returncode != 0:
         sys.exit(f"native ONNX Runtime failed: {done.stderr.strip().splitlines()[-1]}")
     out = json.loads(done.stdout.splitlines()[-1])
@@ -163,18 +155,18 @@ def table(result: dict) -> str:
     w = result["weight"]
     lines = [f"Sitting of {result['date']}: {result['cpu']}; `{result['model']}`, "
              f"{result['sentences']:,} test sentences at beam {result['beam']}, batches of 32 "
-             f"(`{result['file']}`).", "",
-             "| part of the page | MB | gzipped MB |", "| --- | --- | --- |"]
-    lines += [f"| {part} | {v['mb']:.2f} | {v['gzip_mb']:.2f} |" for part, v in w.items()]
-    lines.append(f"| **total** | **{sum(v['mb'] for v in w.values()):.2f}** | "
-                 f"**{sum(v['gzip_mb'] for v in w.values()):.2f}** |")
-    lines += ["", "| engine | threads | sentences/s | model loaded (cold) | first translation "
-              "(cold) | same text as src.infer |", "| --- | --- | --- | --- | --- | --- |"]
-    for row in result["rows"]:
-        cold = (f"{row['ready_s']:.2f} s", f"{row['first_translation_s']:.2f} s") \
-            if "ready_s" in row else ("", "")
-        lines.append(f"| {row['engine']} | {row['threads']} | {row['sentences_per_s']:.1f} | "
-                     f"{cold[0]} | {cold[1]} | {row.get('same_text', '')} |")
+             f"(`{result['file']}`).", ""]
+    parts = [[part, f"{v['mb']:.2f}", f"{v['gzip_mb']:.2f}"] for part, v in w.items()]
+    parts.append(["**total**", f"**{sum(v['mb'] for v in w.values()):.2f}**",
+                  f"**{sum(v['gzip_mb'] for v in w.values()):.2f}**"])
+    lines += markdown_table(["part of the page", "MB", "gzipped MB"], parts, ["---"] * 3)
+    engines = [[row["engine"], row["threads"], f"{row['sentences_per_s']:.1f}",
+                *((f"{row['ready_s']:.2f} s", f"{row['first_translation_s']:.2f} s")
+                  if "ready_s" in row else ("", "")), row.get("same_text", "")]
+               for row in result["rows"]]
+    lines += ["", *markdown_table(["engine", "threads", "sentences/s", "model loaded (cold)",
+                                   "first translation (cold)", "same text as src.infer"],
+                                  engines, ["---"] * 6)]
     return "\n".join(lines)
 
 
@@ -185,52 +177,57 @@ def write_doc(doc: Path, result: dict) -> None:
     doc.write_text(f"{head}{MARKER}\n{table(result)}\n{MARKER}{tail}", encoding="utf-8")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--site", type=Path, default=Path("site"))
-    parser.add_argument("--sentences", type=int, default=500)
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
-    parser.add_argument("--json", type=Path, help="write the sitting here")
-    parser.add_argument("--doc", type=Path, help="rewrite the table between the markers")
-    parser.add_argument("--screenshot", type=Path, help="save a screenshot of the page here")
-    parser.add_argument("--table-only", action="store_true",
-                        help="regenerate --doc's table from --json, measuring nothing")
-    args = parser.parse_args()
-    if args.table_only:
-        write_doc(args.doc, json.loads(args.json.read_text()))
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(
+    site: Path = typer.Option(Path("site")),
+    sentences: int = typer.Option(500),
+    beam: int = typer.Option(4),
+    threads: str = typer.Option("1,2", help="Thread counts, comma-separated."),
+    json_out: Path = typer.Option(None, "--json", help="Write the sitting here."),
+    doc: Path = typer.Option(None, help="Rewrite the table between the markers."),
+    screenshot_out: Path = typer.Option(None, "--screenshot",
+                                        help="Save a screenshot of the page here."),
+    table_only: bool = typer.Option(False, help="Regenerate --doc's table from --json, "
+                                    "measuring nothing."),
+) -> None:
+    if table_only:
+        write_doc(doc, json.loads(json_out.read_text()))
         return
-    config = json.loads((args.site / "config.json").read_text())
-    lines = test_sources(args.sentences)
-    httpd = site_server.make_server(args.site, "127.0.0.1", 0)
+    config = json.loads((site / "config.json").read_text())
+    lines = list(test_split()["source"][:sentences])
+    httpd = site_server.make_server(site, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}/"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         lines_file = Path(tmp, "lines.en")
         lines_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        for threads in (int(t) for t in args.threads.split(",")):
-            rows.append(page_row(url, lines, threads, args.beam))
-            rows.append(native_row(args.site / config["model"], lines_file, threads, args.beam))
+        for count in ints(threads):
+            rows.append(page_row(url, lines, count, beam))
+            rows.append(native_row(site / config["model"], lines_file, count, beam))
             print(json.dumps({k: v for k, v in rows[-2].items() if k != "texts"}), flush=True)
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "texts"}), flush=True)
-    if args.screenshot:
+    if screenshot_out:
         screenshot(url, (REPO / "docs/sample_sentences.en").read_text().splitlines()[:4],
-                   args.screenshot)
+                   screenshot_out)
     httpd.shutdown()
     reference = rows[1]["texts"]  # src.infer's, at the first thread count
     for row in rows:
         row["same_text"] = f"{sum(a == b for a, b in zip(row.pop('texts'), reference))}" \
                            f"/{len(reference)}"
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu(), "model": config["model"],
-              "sentences": len(lines), "beam": args.beam, "weight": weight(args.site),
-              "rows": rows, "file": str(args.json) if args.json else "not saved"}
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_description(flags=True),
+              "model": config["model"], "sentences": len(lines), "beam": beam,
+              "weight": weight(site), "rows": rows,
+              "file": str(json_out) if json_out else "not saved"}
     print(table(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    if args.doc:
-        write_doc(args.doc, result)
+    if json_out:
+        write_json(json_out, result, indent=1)
+    if doc:
+        write_doc(doc, result)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)

@@ -1,14 +1,14 @@
 """The served model under load, per ONNX Runtime thread count: a sitting to a JSON file, and the
 table docs/serving.md shows, printed from that file.
 
-    python scripts/serving_sittings.py run --sentences test.en --threads 1,2 --rounds 3 \
+    python -m bench.serving_threads run --sentences test.en --threads 1,2 --rounds 3 \
         --json serving.json                   # `mlflow models serve`, one worker, per count
-    python scripts/serving_sittings.py table serving.json
+    python -m bench.serving_threads table serving.json
 
 `run` serves the registered model (`--model`, default the export's `candidate`) with `mlflow
 models serve` on loopback, one worker, once per thread count per round (`NMT_THREADS`; the
 order swaps every round, so the host's drift hits each count alike), and sends each server the
-load of scripts/load_test.py: for every batch size and number of concurrent clients, untimed
+load of bench.serving_load: for every batch size and number of concurrent clients, untimed
 warm-up requests, then `--sentences-per-row` sentences in requests of that size. Rows are
 written after each server, so a run cut short keeps what it measured. Not a test: the server and
 this client share the machine's cores, so run it on an otherwise idle machine.
@@ -28,13 +28,12 @@ from pathlib import Path
 
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
-
-from scripts.benchmark_kernels import cpu  # noqa: E402
-from scripts.load_test import FALLBACK, load  # noqa: E402
-from src.core import tracking  # noqa: E402
-from src.core.errors import PipelineError  # noqa: E402
-from src.core.local_servers import ServerDidNotStart, model_server  # noqa: E402
+from bench.common import commit, cpu_description, markdown_table, write_json
+from bench.serving_load import FALLBACK, load
+from src.core import tracking
+from src.core.cli import run_cli
+from src.core.errors import PipelineError
+from src.core.local_servers import ServerDidNotStart, model_server
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False,
                   help=__doc__.split("\n\n")[0])
@@ -68,13 +67,7 @@ def render(sitting: dict) -> str:
     def thread_label(n: int) -> str:
         return f"{n} thread{'s' if n > 1 else ''}"
 
-    lines = [f"{sitting['cpu']}; commit {sitting['commit']}; ONNX Runtime "
-             f"{sitting['onnxruntime']}; {sitting['model']}; {rounds} round(s), lowest–highest; "
-             f"errors: {sum(r['errors'] for r in rows)}.", "",
-             "| sentences per request | clients | "
-             + " | ".join(f"{thread_label(n)}: sent/s" for n in counts) + " | "
-             + " | ".join(f"{thread_label(n)}: p50 ms" for n in counts) + " |",
-             "| ---: | ---: | " + " | ".join("---:" for _ in counts * 2) + " |"]
+    body = []
     for cell in cells:
         speeds = {n: of(n, cell, "sentences_per_s") for n in counts}
         shown = []
@@ -85,12 +78,13 @@ def render(sitting: dict) -> str:
                 text = f"**{text}**"
             shown.append(text)
         latency = [span(of(n, cell, "p50_ms")) for n in counts]
-        lines.append(f"| {cell[0]} | {cell[1]} | " + " | ".join(shown + latency) + " |")
-    return "\n".join(lines)
-
-
-def write(path: Path, sitting: dict) -> None:
-    path.write_text(json.dumps(sitting, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        body.append([*cell, *shown, *latency])
+    header = ["sentences per request", "clients", *(f"{thread_label(n)}: sent/s" for n in counts),
+              *(f"{thread_label(n)}: p50 ms" for n in counts)]
+    return "\n".join([f"{sitting['cpu']}; commit {sitting['commit']}; ONNX Runtime "
+                      f"{sitting['onnxruntime']}; {sitting['model']}; {rounds} round(s), "
+                      f"lowest–highest; errors: {sum(r['errors'] for r in rows)}.", "",
+                      *markdown_table(header, body, ["---:"] * len(header))])
 
 
 def registered_version(model: str) -> str:
@@ -132,8 +126,8 @@ def run(
     counts = [int(t) for t in threads.split(",")]
     # the server runs in a directory of its own: it finds the registry by the URI, not by cwd
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
-    sitting = {"command": "python " + " ".join(sys.argv), "commit": tracking.git_commit()[:7],
-               "cpu": cpu(), "onnxruntime": onnxruntime_version(),
+    sitting = {"command": "python " + " ".join(sys.argv), "commit": commit(),
+               "cpu": cpu_description(flags=True), "onnxruntime": onnxruntime_version(),
                "model": registered_version(model), "rows": []}
     for round_index, order in enumerate(thread_orders(counts, rounds), start=1):
         for n_threads in order:
@@ -155,7 +149,7 @@ def run(
                 except ServerDidNotStart as exc:
                     raise PipelineError(f"{model} was not served ({env['MLFLOW_TRACKING_URI']})"
                                         f": {exc}") from None
-            write(json_out, sitting)
+            write_json(json_out, sitting, indent=1)
     print(render(sitting))
     if any(r["errors"] for r in sitting["rows"]):
         raise typer.Exit(1)
@@ -168,6 +162,4 @@ def table(sitting: Path = typer.Argument(..., help="A file `run --json` wrote.")
 
 
 if __name__ == "__main__":
-    from src.core.cli import run_cli
-
     run_cli(app)

@@ -5,11 +5,11 @@ Builds the default recipe's batches (concatenation, bidirectional epoch, token b
 then timed steps, reporting tokens/s (non-pad source + target tokens, as the train stage counts)
 and the share of padding. `--profile` prints torch.profiler's top operators by self CPU time.
 
-    python scripts/benchmark_train_step.py --precision fp32 --precision bf16 --steps 150
-    python scripts/benchmark_train_step.py --precision bf16 --profile 30
-    python scripts/benchmark_train_step.py --precision bf16 --epoch 1 --warmup 20 --steps 450 \
+    python -m bench.train_step_speed --precision fp32 --precision bf16 --steps 150
+    python -m bench.train_step_speed --precision bf16 --profile 30
+    python -m bench.train_step_speed --precision bf16 --epoch 1 --warmup 20 --steps 450 \
         --window 50 --allocator system     # glibc's malloc slowing down over 450 steps
-    python scripts/benchmark_train_step.py --precision bf16 --epoch 1 --warmup 30 --steps 150 \
+    python -m bench.train_step_speed --precision bf16 --epoch 1 --warmup 30 --steps 150 \
         --without packed-rows              # one lever of the bf16 step off, to measure it alone
 
 Run it on an idle machine: two PyTorch processes on two cores slow each other several-fold.
@@ -18,7 +18,6 @@ Run it on an idle machine: two PyTorch processes on two cores slow each other se
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -30,7 +29,9 @@ import numpy as np
 import torch
 import typer
 
+from bench.common import cpu_description
 from src.core import paths
+from src.core.cli import run_cli
 from src.core.params import ModelParams, TrainParams, load_params
 from src.data.batching import make_batch, token_batches
 from src.data.subword import load_tokenizers
@@ -77,13 +78,6 @@ def levers_switched(off: list[str], on: list[str] = ()):
         for name in on:
             stack.enter_context(LEVERS_ON[name]())
         yield
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def run(precision: str, steps: int, warmup: int, epoch: int, profile: int, threads: int,
@@ -179,7 +173,7 @@ def main(
         for name in precision:
             with levers_switched(without, with_):
                 row = run(name, steps, warmup, epoch, profile, threads, overrides, window)
-            row |= {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__,
+            row |= {"cpu": cpu_description(), "threads": threads, "torch": torch.__version__,
                     "epoch": epoch, "allocator": allocator_in_use(), "without": without,
                     "with": with_} | overrides
             print(json.dumps(row))
@@ -189,4 +183,4 @@ def main(
 
 
 if __name__ == "__main__":
-    app()
+    run_cli(app)

@@ -1,7 +1,7 @@
 """Load test of a served translation model, beside src.infer's own throughput.
 
     mlflow models serve -m models:/nmt-en-zh@candidate --env-manager local --port 5001 &
-    python scripts/load_test.py --url http://127.0.0.1:5001 --sentences test.en \
+    python -m bench.serving_load --url http://127.0.0.1:5001 --sentences test.en \
         --onnx models/model.onnx --json serving.json
 
 For every batch size (sentences per request) and number of concurrent clients it sends
@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
+from bench.common import write_json
+from src.core.cli import run_cli
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 FALLBACK = ["How are you?", "I like cats.", "Where is the station?", "It is raining today.",
@@ -115,13 +116,10 @@ def main(
                   f"{row['p99_ms']:>8} {row['sentences_per_s']:>8} {row['errors']:>6}",
                   flush=True)
     if json_out:
-        json_out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows},
-                                       indent=2) + "\n")
+        write_json(json_out, {"command": " ".join(sys.argv), "rows": rows})
     if any(r["errors"] for r in rows):
         raise typer.Exit(1)
 
 
 if __name__ == "__main__":
-    from src.core.cli import run_cli
-
     run_cli(app)

@@ -1,13 +1,13 @@
 """Mutation testing (mutmut 3) of the modules configured in pyproject.toml's [tool.mutmut].
 
 mutmut 3 refuses a top-level package named `src` (it takes `src/` for a source folder), and ours
-is the package `src` (`python -m src.train`). So this script copies the checkout's tracked files
+is the package `src` (`python -m src.train`). So this tool copies the checkout's tracked files
 to a work folder, renames the package to `nmtsrc` there (imports, `-m` commands and paths in
 the code, tests and configuration), runs `mutmut run` in the copy and prints the share of
 mutants killed per module. The checkout itself is never touched.
 
-    python scripts/mutation_test.py                     # all configured modules
-    python scripts/mutation_test.py --only src/promote.py --json docs/benchmarks/mutation.json \
+    python -m bench.mutation_score                      # all configured modules
+    python -m bench.mutation_score --only src/promote.py --json docs/benchmarks/mutation.json \
         --doc docs/testing.md
 
 `--json` keeps the rows of modules this run did not mutate (so one module can be re-run) and
@@ -16,7 +16,6 @@ mutants killed per module. The checkout itself is never touched.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -27,8 +26,11 @@ from collections import Counter
 from pathlib import Path
 
 import tomllib
+import typer
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import REPO, markdown_table, write_json
+from src.core.cli import run_cli
+
 RENAMED = "nmtsrc"
 # Our package's modules and subpackages: `src.` / `src/` is renamed only before one of them, so
 # a variable named `src` (`src.shape`, the search's source ids) keeps its name.
@@ -88,18 +90,17 @@ def merged(path: Path, rows: list[dict], command: str) -> dict:
     return {"command": command, "rows": every}
 
 
-def markdown_table(rows: list[dict]) -> str:
+COUNTS = ("mutants", "killed", "survived", "no_tests")
+
+
+def mutation_table(rows: list[dict]) -> str:
     """The per-module table of docs/testing.md, with the total."""
-    lines = ["| module | mutants | killed | survived | no tests | score |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| `{r['module']}` | {r['mutants']} | {r['killed']} | {r['survived']} "
-                     f"| {r['no_tests']} | {r['score']:.1f}% |")
-    total = {k: sum(r[k] for r in rows) for k in ("mutants", "killed", "survived", "no_tests")}
+    total = {k: sum(r[k] for r in rows) for k in COUNTS}
     score = 100 * total["killed"] / max(total["mutants"], 1)
-    lines.append(f"| **all** | {total['mutants']} | {total['killed']} | {total['survived']} "
-                 f"| {total['no_tests']} | {score:.1f}% |")
-    return "\n".join(lines)
+    body = [[f"`{r['module']}`", *(r[k] for k in COUNTS), f"{r['score']:.1f}%"] for r in rows]
+    body.append(["**all**", *total.values(), f"{score:.1f}%"])
+    return "\n".join(markdown_table(["module", "mutants", "killed", "survived", "no tests",
+                                      "score"], body, ["---"] + ["---:"] * 5))
 
 
 def write_table(doc: Path, rows: list[dict]) -> None:
@@ -107,26 +108,29 @@ def write_table(doc: Path, rows: list[dict]) -> None:
     start, end = text.find(TABLE_START), text.find(TABLE_END)
     if start < 0 or end < start:
         raise SystemExit(f"error: {doc} has no {TABLE_START} ... {TABLE_END} block")
-    doc.write_text(text[:start + len(TABLE_START)] + "\n" + markdown_table(rows) + "\n"
+    doc.write_text(text[:start + len(TABLE_START)] + "\n" + mutation_table(rows) + "\n"
                    + text[end:], encoding="utf-8")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=REPO / ".mutation",
-                        help="Folder for the renamed copy (replaced on each run).")
-    parser.add_argument("--only", action="append", default=[],
-                        help="Mutate only this module (a src/ path); repeatable.")
-    parser.add_argument("--json", type=Path, help="Write the per-module table here (rows of "
-                        "modules not run this time are kept).")
-    parser.add_argument("--doc", type=Path, help="Rewrite the table of this markdown file "
-                        "from --json's rows.")
-    args = parser.parse_args()
-    copy_renamed(args.work)
-    if args.only:
-        config = args.work / "pyproject.toml"
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(
+    work: Path = typer.Option(REPO / ".mutation", help="Folder for the renamed copy (replaced "
+                              "on each run)."),
+    only: list[str] = typer.Option([], help="Mutate only this module (a src/ path); "
+                                   "repeatable."),
+    json_out: Path = typer.Option(None, "--json", help="Write the per-module table here (rows "
+                                  "of modules not run this time are kept)."),
+    doc: Path = typer.Option(None, help="Rewrite the table of this markdown file from --json's "
+                             "rows."),
+) -> int:
+    copy_renamed(work)
+    if only:
+        config = work / "pyproject.toml"
         project = tomllib.loads(config.read_text())
-        wanted = [OURS.sub(RENAMED, m) for m in args.only]
+        wanted = [OURS.sub(RENAMED, m) for m in only]
         unknown = set(wanted) - set(project["tool"]["mutmut"]["only_mutate"])
         if unknown:
             print(f"error: not configured in [tool.mutmut]: {sorted(unknown)}", file=sys.stderr)
@@ -141,8 +145,8 @@ def main() -> int:
     # operator (each such mutant would wait out its timeout and count as killed).
     env = os.environ | {"HYPOTHESIS_PROFILE": "mutation", "OMP_NUM_THREADS": "1",
                         "MKL_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=args.work, env=env)
-    table = scores(args.work)
+    run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=work, env=env)
+    table = scores(work)
     rows = []
     for module, counts in sorted(table.items()):
         total = sum(counts.values())
@@ -152,13 +156,13 @@ def main() -> int:
                      "score": round(100 * killed / max(total, 1), 1)})
         print(f"{module:32} {killed:5}/{total:<5} killed  {rows[-1]['score']:5.1f}%  "
               f"survived {counts['survived']}, no tests {counts['no tests']}")
-    if args.json:
-        table_rows = merged(args.json, rows, "python " + " ".join(sys.argv))
-        args.json.write_text(json.dumps(table_rows, indent=2) + "\n")
-        if args.doc:
-            write_table(args.doc, table_rows["rows"])
+    if json_out:
+        table_rows = merged(json_out, rows, "python " + " ".join(sys.argv))
+        write_json(json_out, table_rows)
+        if doc:
+            write_table(doc, table_rows["rows"])
     return run.returncode
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(app)

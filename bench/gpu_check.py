@@ -1,8 +1,8 @@
 """What a GPU adds, checked on one: run this on a machine with an NVIDIA GPU, onnxruntime-gpu and a
 CUDA build of torch, after the README's install.
 
-    python scripts/gpu_check.py                  # models/ of this checkout (after dvc repro)
-    python scripts/gpu_check.py --build-minutes 4   # or build a model first, in a scratch copy
+    python -m bench.gpu_check                  # models/ of this checkout (after dvc repro)
+    python -m bench.gpu_check --build-minutes 4   # or build a model first, in a scratch copy
 
 Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
 
@@ -15,10 +15,10 @@ Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
   and beam 4 on the same test sentences (`--table-sentences`): sentences/s and the peak GPU
   memory of the process (CUDA context included, from nvidia-smi), each cell in a fresh process;
 * serve: the MLflow model, registered in a scratch store and run by `mlflow models serve`:
-  scripts/load_test.py's latency and sentences/s for 1 and 32 sentences a request at 1 and 4
+  bench.serving_load's latency and sentences/s for 1 and 32 sentences a request at 1 and 4
   clients (`--serve-requests` each), on CUDA (`auto`) and on the CPU (`NMT_PROVIDER=cpu`), and
   what the server's log says it ran on;
-* speed: scripts/benchmark_engines.py --device cuda, fp32 and fp16 x greedy and beam 4 x batch
+* speed: bench.engines_vs_ctranslate2 --device cuda, fp32 and fp16 x greedy and beam 4 x batch
   1 and 32, ours against CTranslate2;
 * train: the same steps of the train stage with `train.precision: auto` (fp32 with TF32
   matmuls on a GPU), bf16 (autocast; fp16 with a loss scaler where the GPU has no bf16) and
@@ -43,7 +43,6 @@ itself is tested.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -53,14 +52,22 @@ import tempfile
 import time
 from pathlib import Path
 
+import typer
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from src.core import failpoints, local_servers, paths  # noqa: E402
-from src.core.atomic import write_json  # noqa: E402
-from src.runtime import placement  # noqa: E402
+from bench.common import (
+    REPO,
+    WorkerFailed,
+    cpu_description,
+    serve_worker,
+    start_worker,
+    test_split,
+    worker_result,
+    write_json,
+)
+from src.core import failpoints, local_servers, paths
+from src.core.cli import run_cli
+from src.runtime import placement
 
 FILES = ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.text.onnx",
          "model.int8.text.onnx")
@@ -116,8 +123,6 @@ def placement_rows(models: Path, provider: str) -> list[dict]:
 def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[dict]:
     """Generation files against PyTorch token for token; text files against PyTorch's output
     decoded by the tokenizer."""
-    from datasets import load_from_disk
-
     from src.data.subword import load_tokenizers
     from src.graph import verify
     from src.nmt import checkpoint
@@ -125,7 +130,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     from src.runtime import generation, sessions
 
     model, _ = checkpoint.load_model(models / "model.pt")
-    test = load_from_disk(str(data))["test"]
+    test = test_split(data)
     sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
     rows = []
     for name in ("model.onnx", "model.fp16.onnx"):
@@ -159,13 +164,11 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
 
 
 def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
-    from datasets import load_from_disk
-
     from src.core.metrics import bleu
     from src.data.subword import load_tokenizers
     from src.runtime import generation
 
-    test = load_from_disk(str(data))["test"]
+    test = test_split(data)
     target_lang = load_tokenizers(models / "tokenizer").target_lang
     rows = []
     for name in FILES:
@@ -205,15 +208,13 @@ def timed_search(model, sources: list[list[int]], search: tuple, device: str
 def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict]:
     """PyTorch's search on `device` against the same search on the CPU (the first `n` test
     sentences, token for token), then BLEU and sentences/s on the whole test split."""
-    from datasets import load_from_disk
-
     from src.core.metrics import bleu
     from src.data.subword import load_tokenizers
     from src.nmt import checkpoint
     from src.nmt.search import translate_ids
 
     model, _ = checkpoint.load_model(models / "model.pt")
-    test = load_from_disk(str(data))["test"]
+    test = test_split(data)
     sources, references = list(test["source_ids"]), list(test["target"])
     tok = load_tokenizers(models / "tokenizer")
     rows = []
@@ -241,14 +242,12 @@ def cell(models: Path, data: Path, device: str, cfg, engine: str, batch: int, be
          n: int) -> dict:
     """One cell of the batch table, in this process: the first `n` test sentences searched in
     length-sorted batches of `batch`, after one warm-up batch; sentences/s."""
-    from datasets import load_from_disk
-
     from src.graph import verify
     from src.nmt import checkpoint
     from src.runtime import sessions
 
     model, _ = checkpoint.load_model(models / "model.pt")
-    test = load_from_disk(str(data))["test"]
+    test = test_split(data)
     sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
     cfg = cfg.model_copy(update={"batch_size": batch, "beam_size": beam})
     if engine == "pytorch":
@@ -286,48 +285,54 @@ def gpu_memory_mib(pid: int) -> tuple[int | None, int | None]:
 def table_rows(root: Path, device: str, n: int) -> list[dict]:
     """The batch table: each cell in a fresh process (so every engine starts from an empty
     allocator), its GPU memory polled while it runs; the fp16 file on CUDA only."""
+    with tempfile.TemporaryDirectory(prefix="gpu-check-cells-") as work:
+        return [row for engine in TABLE_ENGINES for row in engine_rows(root, device, n, engine,
+                                                                       Path(work))]
+
+
+def engine_rows(root: Path, device: str, n: int, engine: str, work: Path) -> list[dict]:
+    """The batch table's cells of one engine."""
+    if engine != "pytorch" and not (root / "models" / engine).is_file() or \
+            engine == "model.fp16.onnx" and device == "cpu":
+        return []
     rows = []
-    for engine in TABLE_ENGINES:
-        if engine != "pytorch" and not (root / "models" / engine).is_file() or \
-                engine == "model.fp16.onnx" and device == "cpu":
-            continue
-        for batch in TABLE_BATCHES:
-            for beam in (1, 4):
-                spec = f"{engine},{batch},{beam}"
-                # the process's own memory where nvidia-smi lists it, else the GPU's above what
-                # it held before the cell started
-                baseline = gpu_memory_mib(0)[1] if device == "cuda" else None
-                proc = subprocess.Popen(
-                    [sys.executable, __file__, "--cell", spec, "--root", str(root),
-                     "--table-sentences", str(n)] + (["--rehearse-on-cpu"] if device == "cpu"
-                                                     else []),
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                peak = peak_total = None
-                while True:
-                    try:
-                        out, err = proc.communicate(timeout=0.2)
-                        break
-                    except subprocess.TimeoutExpired:
-                        if device != "cuda":
-                            continue
-                        held, total = gpu_memory_mib(proc.pid)
-                        if held is not None:
-                            peak = max(peak or 0, held)
-                        if total is not None and baseline is not None:
-                            peak_total = max(peak_total or 0, total - baseline)
-                if proc.returncode != 0:  # the other cells still run; the row says why
-                    why = (err.strip().splitlines() or ["(nothing on stderr)"])[-1]
-                    rows.append({"check": "batches", "engine": engine, "batch_size": batch,
-                                 "beam": beam, "error": f"exit {proc.returncode}: {why}"})
-                    print(f"gpu_check: {spec} failed: {rows[-1]['error']}", file=sys.stderr)
-                    continue
-                rows.append({**json.loads(out.strip().splitlines()[-1]),
-                             "peak_gpu_memory_mib": peak if peak is not None else peak_total,
-                             "memory_of": "process" if peak is not None else
-                             "GPU above its use before the cell" if peak_total is not None
-                             else None})
-                print(f"gpu_check: {spec}: {rows[-1]['sentences_per_s']} sentences/s, "
-                      f"peak {rows[-1]['peak_gpu_memory_mib']} MiB", file=sys.stderr)
+    for batch in TABLE_BATCHES:
+        for beam in (1, 4):
+            spec = {"root": str(root), "device": device, "engine": engine,
+                    "batch": batch, "beam": beam, "n": n}
+            # the process's own memory where nvidia-smi lists it, else the GPU's above what
+            # it held before the cell started
+            baseline = gpu_memory_mib(0)[1] if device == "cuda" else None
+            proc = start_worker("bench.gpu_check", spec, work)
+            peak = peak_total = None
+            while True:
+                try:
+                    row = worker_result(proc, timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    if device != "cuda":
+                        continue
+                    held, total = gpu_memory_mib(proc.pid)
+                    if held is not None:
+                        peak = max(peak or 0, held)
+                    if total is not None and baseline is not None:
+                        peak_total = max(peak_total or 0, total - baseline)
+                except WorkerFailed as exc:  # the other cells still run; the row says why
+                    row = {"check": "batches", "engine": engine, "batch_size": batch,
+                           "beam": beam, "error": str(exc)}
+                    break
+            if "error" in row:
+                rows.append(row)
+                print(f"gpu_check: {engine},{batch},{beam} failed: {row['error']}",
+                      file=sys.stderr)
+                continue
+            rows.append({**row,
+                         "peak_gpu_memory_mib": peak if peak is not None else peak_total,
+                         "memory_of": "process" if peak is not None else
+                         "GPU above its use before the cell" if peak_total is not None
+                         else None})
+            print(f"gpu_check: {engine},{batch},{beam}: {row['sentences_per_s']} sentences/s, "
+                  f"peak {rows[-1]['peak_gpu_memory_mib']} MiB", file=sys.stderr)
     return rows
 
 
@@ -336,7 +341,6 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
     scratch store: load_test.py's rows on CUDA and on the CPU (`NMT_PROVIDER`), or on the CPU
     alone in a rehearsal."""
     import mlflow
-    from datasets import load_from_disk
 
     from src.runtime import serving
 
@@ -350,7 +354,7 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
         serving.log_model(models / "model.onnx", models / "model.int8.onnx",
                           models / "tokenizer", "nmt-gpu-check", models / "model.fp16.onnx")
     sentences = store / "test.src"
-    test = load_from_disk(str(root / "data/tokenized"))["test"]
+    test = test_split(root / "data/tokenized")
     sentences.write_text("\n".join(test["source"]) + "\n", encoding="utf-8")
     rows = []
     for provider in ("cuda", "cpu") if device == "cuda" else ("cpu",):
@@ -360,7 +364,7 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
                     {"MLFLOW_TRACKING_URI": uri, "NMT_PROVIDER": provider},
                     start_timeout_s=180) as (url, log):
                 out = store / f"load-{provider}.json"
-                subprocess.run([sys.executable, str(REPO / "scripts/load_test.py"), "--url", url,
+                subprocess.run([sys.executable, "-m", "bench.serving_load", "--url", url,
                                 "--sentences", str(sentences), "--batches", "1,32", "--clients",
                                 "1,4", "--requests", str(requests), "--warmup", "4", "--json",
                                 str(out)], check=True, cwd=REPO)
@@ -377,10 +381,10 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
 
 def speed_rows(models: Path, data: Path, work: Path) -> list[dict]:
     out = work / "engines.json"
-    subprocess.run([sys.executable, str(REPO / "scripts/benchmark_engines.py"), "--device",
+    subprocess.run([sys.executable, "-m", "bench.engines_vs_ctranslate2", "--device",
                     "cuda", "--models", str(models), "--split-dir", str(data),
                     "--precisions", "fp32,fp16", "--threads", "1", "--json", str(out)],
-                   check=True)
+                   check=True, cwd=REPO)
     return [{"check": "speed", **row} for row in json.loads(out.read_text())]
 
 
@@ -416,29 +420,27 @@ def train_rows(root: Path, steps: int, work: Path) -> list[dict]:
 CHECKS = ("search", "placement", "parity", "bleu", "batches", "serve", "speed", "train")
 
 
-def available_checks(args) -> list[str]:
+def available_checks(args: dict) -> list[str]:
     """The checks this run can make, in order: what `--onnx-only`, `--pytorch-only`, a
     rehearsal and a 0 that turns one off leave."""
-    if args.pytorch_only:
+    if args["pytorch_only"]:
         planned = ["search"]
     else:
         planned = ["placement", "parity", "bleu"]
-        planned += ["batches"] if args.table_sentences else []
-        planned += ["serve"] if args.serve_requests else []
-    if not (args.rehearse_on_cpu or args.pytorch_only or args.onnx_only):
+        planned += ["batches"] if args["table_sentences"] else []
+        planned += ["serve"] if args["serve_requests"] else []
+    if not (args["rehearse_on_cpu"] or args["pytorch_only"] or args["onnx_only"]):
         planned.append("speed")
-    if not args.onnx_only:
+    if not args["onnx_only"]:
         planned.append("train")
     return planned
 
 
 def machine_facts(provider: str, onnx: bool) -> dict:
-    import platform
-
     import torch
 
     machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+               "cpu": cpu_description(flags=True), "torch": torch.__version__,
                "provider": provider}
     if onnx:
         import onnxruntime as ort
@@ -447,76 +449,79 @@ def machine_facts(provider: str, onnx: bool) -> dict:
     return machine
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=paths.ROOT,
-                        help="project whose models/ and data/tokenized are checked")
-    parser.add_argument("--build-minutes", type=float, default=0,
-                        help="first train a model for this long (and export it) in a scratch "
-                             "copy of this checkout, and check that one")
-    parser.add_argument("--sentences", type=int, default=200, help="parity sentences")
-    parser.add_argument("--train-steps", type=int, default=300)
-    parser.add_argument("--table-sentences", type=int, default=512,
-                        help="test sentences of each batch-table cell (0: no batch table)")
-    parser.add_argument("--serve-requests", type=int, default=40,
-                        help="requests of each served-model row (0: the served model is not "
-                             "checked)")
-    parser.add_argument("--checks", type=lambda text: text.split(","), default=None,
-                        help=f"only these checks, in this order, comma-separated, of "
-                             f"{', '.join(CHECKS)} (default: all that the other options "
-                             "allow, in that order); the output file "
-                             "is rewritten after each, so a run stopped halfway keeps the "
-                             "rows measured")
-    parser.add_argument("--cell", help=argparse.SUPPRESS)  # one table cell: engine,batch,beam
-    parser.add_argument("--output", type=Path, default=REPO / "docs/benchmarks/gpu_check.json")
-    parser.add_argument("--rehearse-on-cpu", action="store_true",
-                        help="run the steps on the CPU (no fp16, no engine benchmark): a test "
-                             "of this script, not of a GPU")
-    parser.add_argument("--pytorch-only", action="store_true",
-                        help="no ONNX rows (a machine without onnxruntime-gpu): PyTorch's search "
-                             "on CUDA against the CPU, then the train rows")
-    parser.add_argument("--onnx-only", action="store_true",
-                        help="no engine benchmark (it needs CTranslate2 built for CUDA) and "
-                             "no train rows")
-    args = parser.parse_args()
-    if args.onnx_only and args.pytorch_only:
-        parser.error("--onnx-only and --pytorch-only leave nothing to check together: pick one")
-    unknown = [name for name in args.checks or [] if name not in CHECKS]
-    if unknown:
-        parser.error(f"--checks: no check named {', '.join(unknown)}; the checks are "
-                     f"{', '.join(CHECKS)}")
-    available = available_checks(args)
-    left_out = [name for name in args.checks or [] if name not in available]
-    if left_out:
-        parser.error(f"--checks: {', '.join(left_out)} cannot run with these options (they "
-                     f"leave {', '.join(available)})")
-    planned = list(dict.fromkeys(args.checks)) if args.checks else available
-    if args.cell:  # a child of table_rows: one cell, one JSON line
-        from src.core.params import ExportParams, load_params
+def cell_worker(spec: dict) -> dict:
+    """A batch-table cell in its own process (`table_rows`)."""
+    from src.core.params import ExportParams, load_params
 
-        engine, batch, beam = args.cell.split(",")
-        print(json.dumps(cell(args.root / "models", args.root / "data/tokenized",
-                              "cpu" if args.rehearse_on_cpu else "cuda",
-                              load_params(ExportParams, path=args.root / "params.yaml"),
-                              engine, int(batch), int(beam), args.table_sentences)))
-        return 0
-    if not args.rehearse_on_cpu:
-        why = no_gpu_reason(args.pytorch_only)
+    root = Path(spec["root"])
+    return cell(root / "models", root / "data/tokenized", spec["device"],
+                load_params(ExportParams, path=root / "params.yaml"), spec["engine"],
+                spec["batch"], spec["beam"], spec["n"])
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(
+    root: Path = typer.Option(paths.ROOT, help="Project whose models/ and data/tokenized are "
+                              "checked."),
+    build_minutes: float = typer.Option(0, help="First train a model for this long (and "
+                                        "export it) in a scratch copy of this checkout, and "
+                                        "check that one."),
+    sentences: int = typer.Option(200, help="Parity sentences."),
+    train_steps: int = typer.Option(300),
+    table_sentences: int = typer.Option(512, help="Test sentences of each batch-table cell (0: "
+                                        "no batch table)."),
+    serve_requests: int = typer.Option(40, help="Requests of each served-model row (0: the "
+                                       "served model is not checked)."),
+    checks: str = typer.Option(None, help=f"Only these checks, in this order, comma-separated, "
+                               f"of {', '.join(CHECKS)} (default: all that the other options "
+                               "allow, in that order); the output file is rewritten after "
+                               "each, so a run stopped halfway keeps the rows measured."),
+    output: Path = typer.Option(REPO / "docs/benchmarks/gpu_check.json"),
+    rehearse_on_cpu: bool = typer.Option(False, "--rehearse-on-cpu", help="Run the steps on the "
+                                         "CPU (no fp16, no engine benchmark): a test of this "
+                                         "tool, not of a GPU."),
+    pytorch_only: bool = typer.Option(False, "--pytorch-only", help="No ONNX rows (a machine "
+                                      "without onnxruntime-gpu): PyTorch's search on CUDA "
+                                      "against the CPU, then the train rows."),
+    onnx_only: bool = typer.Option(False, "--onnx-only", help="No engine benchmark (it needs "
+                                   "CTranslate2 built for CUDA) and no train rows."),
+    worker_spec: Path = typer.Option(None, "--worker", hidden=True),  # one batch-table cell
+) -> int:
+    if worker_spec:
+        return serve_worker(worker_spec, cell_worker)
+    if onnx_only and pytorch_only:
+        raise typer.BadParameter("--onnx-only and --pytorch-only leave nothing to check "
+                                 "together: pick one")
+    asked = checks.split(",") if checks else []
+    unknown = [name for name in asked if name not in CHECKS]
+    if unknown:
+        raise typer.BadParameter(f"no check named {', '.join(unknown)}; the checks are "
+                                 f"{', '.join(CHECKS)}", param_hint="--checks")
+    available = available_checks(locals())
+    left_out = [name for name in asked if name not in available]
+    if left_out:
+        raise typer.BadParameter(f"{', '.join(left_out)} cannot run with these options (they "
+                                 f"leave {', '.join(available)})", param_hint="--checks")
+    planned = list(dict.fromkeys(asked)) if asked else available
+    if not rehearse_on_cpu:
+        why = no_gpu_reason(pytorch_only)
         if why:
             print(f"gpu_check: no GPU to check here ({why}); run it on a machine with an "
                   f"NVIDIA GPU, onnxruntime-gpu and a CUDA build of torch", file=sys.stderr)
             return 1
     from src.core.params import ExportParams, load_params
 
-    provider = "cpu" if args.rehearse_on_cpu else "cuda"
+    provider = "cpu" if rehearse_on_cpu else "cuda"
     report = {"command": "python " + " ".join(sys.argv), "machine": machine_facts(
-        provider, onnx=not args.pytorch_only), "complete": False, "check_seconds": {}, "rows": []}
+        provider, onnx=not pytorch_only), "complete": False, "check_seconds": {}, "rows": []}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
-        root = build(work / "project", args.build_minutes) if args.build_minutes else args.root
+        root = build(work / "project", build_minutes) if build_minutes else root
         models, data = root / "models", root / "data/tokenized"
-        needed = (models / "model.pt", data) + (() if args.pytorch_only else
+        needed = (models / "model.pt", data) + (() if pytorch_only else
                                                   (models / "model.onnx",))
         missing = [p for p in needed if not p.exists()]
         if missing:
@@ -524,42 +529,42 @@ def main() -> int:
                   f"--build-minutes 4", file=sys.stderr)
             return 1
         cfg = load_params(ExportParams, path=root / "params.yaml")
-        checks = {
-            "search": lambda: search_rows(models, data, provider, cfg, args.sentences),
+        run_check = {
+            "search": lambda: search_rows(models, data, provider, cfg, sentences),
             "placement": lambda: placement_rows(models, provider),
-            "parity": lambda: parity_rows(models, data, provider, cfg, args.sentences),
+            "parity": lambda: parity_rows(models, data, provider, cfg, sentences),
             "bleu": lambda: bleu_rows(models, data, provider, cfg),
-            "batches": lambda: table_rows(root, provider, args.table_sentences),
-            "serve": lambda: serve_rows(root, provider, work, args.serve_requests),
+            "batches": lambda: table_rows(root, provider, table_sentences),
+            "serve": lambda: serve_rows(root, provider, work, serve_requests),
             "speed": lambda: speed_rows(models, data, work),
-            "train": lambda: train_rows(root, args.train_steps, work),
+            "train": lambda: train_rows(root, train_steps, work),
         }
         for name in planned:
             print(f"gpu_check: {name} ...", file=sys.stderr)
             start = time.perf_counter()
             try:
-                report["rows"] += checks[name]()
+                report["rows"] += run_check[name]()
             except (Exception, SystemExit) as exc:  # the next check still runs; the row says why
                 why = str(exc) or type(exc).__name__
                 report["rows"].append({"check": name, "error": " ".join(why.split())})
                 print(f"gpu_check: {name} failed: {why}", file=sys.stderr)
             report["check_seconds"][name] = round(time.perf_counter() - start, 1)
             # on disk after every check: a run stopped halfway keeps what it measured
-            write_json(args.output, report)
+            write_json(output, report)
             failpoints.hit("gpu_check_after_check")
         shutil.rmtree(work / "project", ignore_errors=True)
     report["complete"] = True
-    write_json(args.output, report)
+    write_json(output, report)
     rows = report["rows"]
     failed = [r for r in rows if r.get("passed") is False]
     broken = [r["check"] for r in rows if "error" in r]
     for row in rows:
         print(json.dumps(row, ensure_ascii=False))
-    print(f"gpu_check: {len(rows)} rows in {args.output}; "
+    print(f"gpu_check: {len(rows)} rows in {output}; "
           + (f"{len(failed)} parity checks FAILED" if failed else "every parity check passed")
           + (f"; these checks failed: {', '.join(broken)}" if broken else ""))
     return 1 if failed or broken else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(app)

@@ -1,8 +1,8 @@
 """ONNX Runtime's kernels at the shapes of our decoder, on this CPU.
 
-    python scripts/benchmark_kernels.py                 # all eight tables
-    python scripts/benchmark_kernels.py --json out.json
-    python scripts/benchmark_kernels.py --table logp    # one of them
+    python -m bench.ort_kernels                 # all eight tables
+    python -m bench.ort_kernels --json out.json
+    python -m bench.ort_kernels --table logp    # one of them
 
 Eight questions behind docs/engines.md and docs/serving.md, each answered by small models timed
 alone (one thread, unless the table says otherwise):
@@ -40,14 +40,15 @@ and its fastest pass counts.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import typer
 from onnx import TensorProto, helper, numpy_helper
+
+from bench.common import cpu_description, write_json
+from src.core.cli import run_cli
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 MS = "com.microsoft"
@@ -210,23 +211,6 @@ def logp_rows(vocab: int = 8000, rows: int = 32) -> list[dict]:
     return [{"table": "logp", "m": rows, "n": vocab, "us": best_of(models, feed, 2000),
              "max_abs_diff": {name: float(np.abs(out - outputs["logsoftmax"]).max())
                               for name, out in outputs.items()}}]
-
-
-def cpu() -> str:
-    """'AMD EPYC (family 26 model 2), 2 cores, avx512_vnni avx512_bf16': /proc/cpuinfo's name and
-    the int8/bf16 features the kernels may use (the rows depend on them)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    info: dict[str, str] = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    flags = [f for f in ("avx2", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
-             if f in info.get("flags", "").split()]
-    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')}"
-            f" model {info.get('model', '?')}), {os.cpu_count()} cores, {' '.join(flags)}")
 
 
 PRODUCTS = 20  # per call in `threads_rows`
@@ -394,12 +378,11 @@ def main(json_out: Path = typer.Option(None, "--json", help="Also write the rows
             rows.append(row)
             print(json.dumps(row), flush=True)
     if json_out:
-        json_out.write_text(json.dumps({
-            "command": "python scripts/benchmark_kernels.py" + (f" --table {table}" if table
-                                                                 else ""),
-            "onnxruntime": ort.__version__,
-            "cpu": cpu(), "rows": rows}, indent=1) + "\n")
+        write_json(json_out, {
+            "command": "python -m bench.ort_kernels" + (f" --table {table}" if table else ""),
+            "onnxruntime": ort.__version__, "cpu": cpu_description(flags=True), "rows": rows},
+            indent=1)
 
 
 if __name__ == "__main__":
-    app()
+    run_cli(app)

@@ -1,4 +1,4 @@
-"""scripts/finetune_pilot.py: each candidate recipe trains from the same parent in a copy of the
+"""bench.finetune_pilot: each candidate recipe trains from the same parent in a copy of the
 project with its own finetune values, the project's models/ untouched, one row per candidate from
 what its run wrote; bad candidates and an unprepared project are one line."""
 
@@ -15,11 +15,11 @@ from test_init_from import child_of, parent, resolve_and_tokenize  # noqa: F401 
 
 from src.nmt import checkpoint
 
-SCRIPT = REPO / "scripts/finetune_pilot.py"
+TOOL = ("-m", "bench.finetune_pilot")
 
 
 def pilot(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, *TOOL, *args], capture_output=True, text=True,
                           timeout=900, cwd=REPO)
 
 

@@ -1,4 +1,4 @@
-"""scripts/engine_sittings.py: the tables of docs/engines.md, from sitting files and from the
+"""bench.engine_tables: the tables of docs/engines.md, from sitting files and from the
 merged files under docs/benchmarks/ ({"sittings": [...]}), on hand-made rows."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import load_script
+from bench import engine_tables
+from bench.common import read_sittings
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "engine_sittings.py"
 
 
 def load_sittings():
-    return load_script("engine_sittings")
+    return engine_tables
 
 
 def speed(threads: int, ours: float, theirs: float, precision: str = "int8") -> dict:
@@ -30,10 +30,10 @@ def quality(bleu_ctranslate2: float) -> dict:
             "bleu_ours": 40.84, "bleu_ctranslate2": bleu_ctranslate2, "identical": 0.9149}
 
 
-FIRST = {"command": "python scripts/benchmark_engines.py --json a.json", "commit": "abc1234",
+FIRST = {"command": "python -m bench.engines_vs_ctranslate2 --json a.json", "commit": "abc1234",
          "machine": "Some CPU, 2 cores",
          "rows": [quality(40.64), speed(1, 330.0, 415.0), speed(2, 300.0, 57.0)]}
-SECOND = {"command": "python scripts/benchmark_engines.py --json b.json", "commit": "abc1234",
+SECOND = {"command": "python -m bench.engines_vs_ctranslate2 --json b.json", "commit": "abc1234",
           "machine": "Some CPU, 2 cores",
           "rows": [quality(40.7), speed(1, 340.0, 170.0), speed(2, 350.0, 60.0)]}
 
@@ -59,8 +59,8 @@ def write(path: Path, data: dict) -> Path:
 
 
 def run(*args) -> str:
-    result = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
-                            text=True, timeout=60, check=True)
+    result = subprocess.run([sys.executable, "-m", "bench.engine_tables", *map(str, args)],
+                            capture_output=True, text=True, timeout=60, check=True, cwd=REPO)
     return result.stdout
 
 
@@ -119,9 +119,9 @@ def test_every_table_docs_engines_md_shows_is_what_the_script_prints_from_its_fi
     edited by hand, or a sitting file changed after its table was pasted, fails here."""
     engine_sittings = load_sittings()
     page = (REPO / "docs" / "engines.md").read_text(encoding="utf-8")
-    files = re.findall(r"python scripts/engine_sittings\.py (docs/benchmarks/\S+?\.json)", page)
+    files = re.findall(r"python -m bench\.engine_tables (docs/benchmarks/\S+?\.json)", page)
     assert len(set(files)) >= 5
     for name in sorted(set(files)):
-        printed = engine_sittings.report(engine_sittings.sittings_in(REPO / name))
+        printed = engine_sittings.report(read_sittings(REPO / name))
         missing = [line for line in printed.splitlines() if line.strip() and line not in page]
         assert missing == [], f"{name}: lines its table should show, absent from the page"

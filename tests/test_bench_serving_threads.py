@@ -1,4 +1,4 @@
-"""scripts/serving_sittings.py: the order servers run in, the requests each row sends, and the
+"""bench.serving_threads: the order servers run in, the requests each row sends, and the
 table docs/serving.md shows, on hand-made rows and on the file the page cites."""
 
 from __future__ import annotations
@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import re
 
-from helpers import REPO, load_script
+from helpers import REPO
+
+from bench import serving_threads
 
 
 def sittings():
-    return load_script("serving_sittings")
+    return serving_threads
 
 
 def row(round_index: int, threads: int, batch: int, clients: int, speed: float, p50: float,
@@ -50,7 +52,7 @@ def test_the_table_gives_each_counts_range_and_bolds_only_a_clear_winner():
 def test_docs_serving_md_shows_what_the_script_prints_from_the_file_it_cites():
     script = sittings()
     page = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
-    cited = re.findall(r"python scripts/serving_sittings\.py table (docs/benchmarks/\S+?\.json)",
+    cited = re.findall(r"python -m bench\.serving_threads table (docs/benchmarks/\S+?\.json)",
                        page)
     assert cited
     for name in cited:

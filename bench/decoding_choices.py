@@ -2,20 +2,19 @@
 and the averaged model.pt against the best single checkpoint, each scored on the valid split
 (where choices are made) and the test split, with a paired test against the default on valid.
 
-    python scripts/decoding_choices.py --root <workspace> --json docs/benchmarks/decoding.json \\
+    python -m bench.decoding_choices --root <workspace> --json docs/benchmarks/decoding.json \\
         --model-note "run 5 of the default recipe"
-    python scripts/decoding_choices.py --rows default,greedy      # some rows only
+    python -m bench.decoding_choices --rows default,greedy      # some rows only
 
 Each row is `python -m src.evaluate --split valid` and `--split test` with the row's
 `evaluate.beam_size`, `evaluate.length_penalty` and `--model-path`, its outputs in a scratch
 folder; the workspace's params.yaml gets its exact bytes back after each row, also when one
-fails. The paired test is scripts/compare.py's (bootstrap, 1,000 resamples) of each row's valid
-translations against the default row's. MLflow tracking is off for these evaluations.
+fails. The paired test is bench.paired_significance's (bootstrap, 1,000 resamples) of each
+row's valid translations against the default row's. MLflow tracking is off for these evaluations.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -25,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import typer
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from anywhere
-
-from scripts.compare import paired_test, read_translations  # noqa: E402
+from bench.common import REPO, commit, cpu_description, write_json
+from bench.paired_significance import paired_test, read_translations
+from src.core.cli import run_cli
 
 AVERAGED, BEST = "models/model.pt", "models/checkpoints/best.pt"
 # name -> (what it tests, beam, length penalty, model file); the first is the baseline.
@@ -57,7 +56,7 @@ def evaluate(root: Path, split: str, model: str, out: Path) -> dict:
            "--stats", str(files["stats.json"]), "--translations", str(files["translations.tsv"]),
            "--risk-coverage", str(files["risk_coverage.csv"])]
     env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    subprocess.run(cmd, cwd=REPO, env=env, check=True)
     return json.loads(files["stats.json"].read_text(encoding="utf-8"))
 
 
@@ -86,54 +85,52 @@ def run_row(root: Path, name: str, out: Path) -> dict:
             "test_sent_s": scores["test"]["sentences_per_s"]}
 
 
-def main() -> None:
-    from scripts.benchmark_training import cpu_description
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--root", type=Path, default=ROOT,
-                   help="the workspace whose models/, data/tokenized and params.yaml are used")
-    p.add_argument("--rows", default=",".join(ROWS),
-                   help=f"comma list of {', '.join(ROWS)} ({BASELINE} is always run)")
-    p.add_argument("--json", type=Path, default=None, help="write the rows here")
-    p.add_argument("--model-note", default=None,
-                   help="which model this is, for the JSON (default: the workspace's path)")
-    a = p.parse_args()
-    names = [BASELINE] + [n for n in a.rows.split(",") if n != BASELINE]
+
+@app.command(help=__doc__)
+def main(
+    root: Path = typer.Option(REPO, help="The workspace whose models/, data/tokenized and "
+                              "params.yaml are used."),
+    rows: str = typer.Option(",".join(ROWS), help=f"Comma list of {', '.join(ROWS)} "
+                             f"({BASELINE} is always run)."),
+    json_out: Path = typer.Option(None, "--json", help="Write the rows here."),
+    model_note: str = typer.Option(None, help="Which model this is, for the JSON (default: "
+                                   "the workspace's path)."),
+) -> None:
+    names = [BASELINE] + [n for n in rows.split(",") if n != BASELINE]
     unknown = [n for n in names if n not in ROWS]
     if unknown:
-        p.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
-    missing = sorted({ROWS[n][3] for n in names if not (a.root / ROWS[n][3]).is_file()})
+        raise typer.BadParameter(f"unknown rows {unknown}; choose from {', '.join(ROWS)}",
+                                 param_hint="--rows")
+    missing = sorted({ROWS[n][3] for n in names if not (root / ROWS[n][3]).is_file()})
     if missing:
-        p.error(f"{', '.join(missing)} not found under {a.root}: train first, or leave out "
-                "the rows that need it")
-    target_lang = yaml.safe_load((a.root / "params.yaml").read_bytes())["pair"]["target_lang"]
-    rows = []
+        raise typer.BadParameter(f"{', '.join(missing)} not found under {root}: train first, "
+                                 "or leave out the rows that need it", param_hint="--rows")
+    target_lang = yaml.safe_load((root / "params.yaml").read_bytes())["pair"]["target_lang"]
+    found = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             out = Path(tmp) / name
             out.mkdir()
-            row = run_row(a.root, name, out)
+            row = run_row(root, name, out)
             if name != BASELINE:
                 translations = [read_translations(Path(tmp) / n / "valid.translations.tsv")
                                 for n in (BASELINE, name)]
                 bleu = paired_test(translations[0]["hypothesis"], translations[1]["hypothesis"],
                                    translations[0]["reference"], target_lang)["BLEU"]
                 row["valid_p_bleu"] = round(bleu["p_value"], 4)
-            rows.append(row)
+            found.append(row)
             print(f"  {name:<16} valid BLEU {row['valid_bleu']:6.2f}  test BLEU "
                   f"{row['test_bleu']:6.2f}  p {row.get('valid_p_bleu', '-')}", flush=True)
-    if a.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,  # the code
-                                capture_output=True, text=True).stdout.strip() or "unknown"
-        doc = {"what": "Decoding and checkpoint choices on one trained model",
-               "command": shlex.join(["python", "scripts/decoding_choices.py", *sys.argv[1:]]),
-               "model": a.model_note or str(a.root), "commit": commit,
-               "machine": cpu_description(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
-        a.json.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n",
-                          encoding="utf-8")
-        print(f"# wrote {a.json}")
+    if json_out:
+        write_json(json_out, {
+            "what": "Decoding and checkpoint choices on one trained model",
+            "command": shlex.join(["python", "-m", "bench.decoding_choices", *sys.argv[1:]]),
+            "model": model_note or str(root), "commit": commit(), "machine": cpu_description(),
+            "date": time.strftime("%Y-%m-%d"), "rows": found}, indent=1)
+        print(f"# wrote {json_out}")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)

@@ -1,9 +1,9 @@
-"""The tables of docs/engines.md, from the sittings of scripts/benchmark_engines.py.
+"""The tables of docs/engines.md, from the sittings of bench.engines_vs_ctranslate2.
 
-    python scripts/engine_sittings.py docs/benchmarks/engines_epyc_blocks.json
-    python scripts/engine_sittings.py s1.json s2.json s3.json --merge sittings.json
+    python -m bench.engine_tables docs/benchmarks/engines_epyc_blocks.json
+    python -m bench.engine_tables s1.json s2.json s3.json --merge sittings.json
 
-A file is one sitting (what `benchmark_engines.py --json` writes: {"command", "commit",
+A file is one sitting (what `engines_vs_ctranslate2 --json` writes: {"command", "commit",
 "machine", "rows"}) or several ({"sittings": [<one sitting's file, unchanged>, ...]}, what
 `--merge` writes). Prints, as Markdown, for the sittings of all files given, in order:
 - a line naming the sittings' commits and machines (where the files say them);
@@ -19,17 +19,14 @@ A cell is judged by its worst sitting.
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
+import typer
+
+from bench.common import markdown_table, read_sittings, write_json
+from src.core.cli import run_cli
+
 COST_BOLD_BELOW = 0.97  # a cost of more than 3%
-
-
-def sittings_in(path: Path) -> list[dict]:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return list(data["sittings"]) if "sittings" in data else [data]
-
 
 def rows_of(sitting: dict, kind: str) -> list[dict]:
     return [r for r in sitting["rows"] if r["kind"] == kind]
@@ -83,10 +80,8 @@ def quality_line(sittings: list[dict]) -> list[str]:
     return [f"Test split ({sentences} sentences), ours / CTranslate2: {'; '.join(parts)}."]
 
 
-def table_head(first: str, sittings: int, last: str = "| worst ratio |") -> list[str]:
-    columns = " | ".join(f"sitting {i + 1}" for i in range(sittings))
-    return [f"| {first} | {columns} {last}",
-            "|---|" + "---|" * (sittings + last.count("|") - 1)]
+def table_head(first: str, sittings: int, last: tuple = ("worst ratio",)) -> list[str]:
+    return markdown_table([first, *(f"sitting {i + 1}" for i in range(sittings)), *last], [])
 
 
 def cell_key(r: dict) -> tuple:
@@ -151,8 +146,8 @@ def score_cost_table(sittings: list[list[dict]]) -> list[str]:
     """Per cell and sitting: scored / plain speed, ours / CTranslate2."""
     keys = sorted({cell_key(r) for rows in sittings for r in rows})
     lines = table_head("precision, beam, batch, threads", len(sittings),
-                       "| worst, ours | worst, CTranslate2 | with scores, ours / CTranslate2, "
-                       "worst |")
+                       ("worst, ours", "worst, CTranslate2",
+                        "with scores, ours / CTranslate2, worst"))
     for key in keys:
         cells, worst, speeds = [], {"ours": [], "ctranslate2": []}, []
         for rows in sittings:
@@ -185,20 +180,19 @@ def report(sittings: list[dict]) -> str:
     return "\n\n".join("\n".join(block) for block in blocks if block)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("files", type=Path, nargs="+",
-                        help="benchmark_engines.py --json files, or files of several sittings")
-    parser.add_argument("--merge", type=Path, metavar="OUT",
-                        help='also write every sitting given to OUT as {"sittings": [...]}')
-    args = parser.parse_args()
-    sittings = [s for path in args.files for s in sittings_in(path)]
-    if args.merge:
-        args.merge.write_text(json.dumps({"sittings": sittings}, indent=1, ensure_ascii=False)
-                              + "\n", encoding="utf-8")
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(help=__doc__)
+def main(files: list[Path] = typer.Argument(..., help="engines_vs_ctranslate2 --json files, or "
+                                            "files of several sittings"),
+         merge: Path = typer.Option(None, metavar="OUT", help="Also write every sitting given "
+                                    'to OUT as {"sittings": [...]}.')) -> None:
+    sittings = [s for path in files for s in read_sittings(path)]
+    if merge:
+        write_json(merge, {"sittings": sittings}, indent=1)
     print(report(sittings))
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(app)
