@@ -1,16 +1,5 @@
-"""Time and peak memory of the data stages as the corpus grows.
-
-    python -m bench.data_scaling --source cmn.txt --pairs 100000,1000000
-    python -m bench.data_scaling --source cmn.txt --pairs 1000000 --hub
-
-For each size it writes a recombined corpus (bench.make_corpus) into a scratch project,
-runs download → split → tokenize (and, with --train-steps N, N training steps) as the pipeline
-does (`python -m src.<stage>` with NMT_ROOT), and prints one row per stage: pairs, stage,
-seconds, peak RSS of its largest process (exact, from wait4) and of all its processes together
-(encoding workers, data-parallel ranks; sampled). With --hub the corpus is first put into a
-Hugging Face cache as a Hub dataset repo (parquet, two text columns, README `configs:`) and
-download reads it from there offline, as it reads any fetched snapshot. Run it on an idle
-machine.
+"""Seconds and peak memory of the data stages (download, split, tokenize, and optionally
+training steps) as the corpus grows, on recombined corpora in scratch projects: docs/scaling.md.
 """
 
 from __future__ import annotations

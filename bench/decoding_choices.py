@@ -1,16 +1,5 @@
-"""Decoding and checkpoint choices on a workspace's trained model: beam size, length penalty,
-and the averaged model.pt against the best single checkpoint, each scored on the valid split
-(where choices are made) and the test split, with a paired test against the default on valid.
-
-    python -m bench.decoding_choices --root <workspace> --json docs/benchmarks/decoding.json \\
-        --model-note "run 5 of the default recipe"
-    python -m bench.decoding_choices --rows default,greedy      # some rows only
-
-Each row is `python -m src.evaluate --split valid` and `--split test` with the row's
-`evaluate.beam_size`, `evaluate.length_penalty` and `--model-path`, its outputs in a scratch
-folder; the workspace's params.yaml gets its exact bytes back after each row, also when one
-fails. The paired test is bench.paired_significance's (bootstrap, 1,000 resamples) of each
-row's valid translations against the default row's. MLflow tracking is off for these evaluations.
+"""Beam size, length penalty and checkpoint on a workspace's trained model, on the valid and
+test splits, each paired-tested against the default on valid: docs/experiments.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""A/B speed of two or more exports of our model: the same test sentences through each directory's
-model.onnx / model.int8.onnx, files alternating pass by pass in one process, the order reversed
-every round.
-
-    python -m bench.files_speed_ab old_models/ models/ --threads 1 --precisions int8,fp32
-    python -m bench.files_speed_ab models/ --scores --beams 1 --batches 32 --repeats 20
-    python -m bench.files_speed_ab models/ models/ --whole-first --batches 32 --repeats 16
-    python -m bench.files_speed_ab old_twins/ models/ --text --batches 1,32
-
-Prints sentences/s per file (its fastest pass) for every precision x beam x batch, each file's
-speed against the first's as the median of the rounds' ratios (a round's two passes run seconds
-apart, so the machine's drift hits both), and the share of translations identical to the first
-directory's. `--scores`: each file is also timed returning scores (`translate_scored`), as
-`<dir>+scores`. `--whole-first`: the first directory's batches go through the file as written,
-BeamSearch operator included, as before the runtime cut it out for batches
-(src/runtime/batch_graph.py), labelled `<dir>(whole)`. Not a test: timings need an otherwise
-idle machine. `--text`: the text twins (model.text.onnx, model.int8.text.onnx) instead, each
-searching as written (`--beams` does not apply).
+"""A/B speed of two or more exports of our model: the same test sentences through each file,
+files alternating pass by pass, each against the first as the median of rounds' ratios, and
+the share of identical translations: docs/engines.md.
 """
 
 from __future__ import annotations

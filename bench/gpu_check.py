@@ -1,44 +1,6 @@
-"""What a GPU adds, checked on one: run this on a machine with an NVIDIA GPU, onnxruntime-gpu and a
-CUDA build of torch, after the README's install.
-
-    python -m bench.gpu_check                  # models/ of this checkout (after dvc repro)
-    python -m bench.gpu_check --build-minutes 4   # or build a model first, in a scratch copy
-
-Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
-
-* placement: which provider runs how many nodes of each file under `auto`, and of the int8 and
-  text files forced onto CUDA (the nodes that fall back to the CPU);
-* parity: model.onnx and model.fp16.onnx on CUDA against PyTorch's search (greedy 100%, beam
-  at least export.min_beam_parity), the text files on CUDA against PyTorch's decoded output;
-* bleu: each file on the test split, on CUDA;
-* batches: model.onnx, model.fp16.onnx and PyTorch's own search x batch 1, 32 and 256 x greedy
-  and beam 4 on the same test sentences (`--table-sentences`): sentences/s and the peak GPU
-  memory of the process (CUDA context included, from nvidia-smi), each cell in a fresh process;
-* serve: the MLflow model, registered in a scratch store and run by `mlflow models serve`:
-  bench.serving_load's latency and sentences/s for 1 and 32 sentences a request at 1 and 4
-  clients (`--serve-requests` each), on CUDA (`auto`) and on the CPU (`NMT_PROVIDER=cpu`), and
-  what the server's log says it ran on;
-* speed: bench.engines_vs_ctranslate2 --device cuda, fp32 and fp16 x greedy and beam 4 x batch
-  1 and 32, ours against CTranslate2;
-* train: the same steps of the train stage with `train.precision: auto` (fp32 with TF32
-  matmuls on a GPU), bf16 (autocast; fp16 with a loss scaler where the GPU has no bf16) and
-  fp32: final loss and tokens/s.
-
-`--pytorch-only` is for a machine with a CUDA build of torch but no onnxruntime-gpu: it skips
-every ONNX row and checks PyTorch's own search on CUDA instead (rows `search`: greedy and beam,
-token-for-token against the same search on the CPU, BLEU and sentences/s on the test split),
-then the train rows. It needs models/model.pt, models/tokenizer and data/tokenized.
-`--onnx-only` is for a machine with onnxruntime-gpu but no CTranslate2 built for CUDA: no
-engine benchmark, no train rows.
-
-The output file is rewritten after each check (`complete` false until the last), so a run
-stopped halfway keeps what it measured; a check that breaks becomes a row with its `error` and
-the next one runs. `--checks batches,parity` makes only the checks named, in that
-order.
-
-Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
-(fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
-itself is tested.
+"""What a GPU adds, checked on one: placement, parity, BLEU, the batch table, serving, engines
+and training, one row each in a JSON file (default docs/benchmarks/gpu_check.json). Each check,
+option and row is explained in docs/gpu.md ("The GPU check").
 """
 
 from __future__ import annotations

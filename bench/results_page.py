@@ -1,13 +1,5 @@
-"""Write docs/results.md from the raw measurements beside it, so every number has one source.
-
-Reads docs/experiments.jsonl (rows appended by bench.experiments) and the files of
-docs/benchmarks/ named in BENCHMARKS. Each table names the command behind its numbers, the CPU
-and the file they come from, by its full name. A file of several sittings ({"sittings": [...]},
-oldest first) keeps them all; the page shows the last one (training speed: the last one on each
-CPU).
-
-    python -m bench.results_page            # rewrite docs/results.md
-    python -m bench.results_page --check    # exit 1 if docs/results.md is out of date (CI runs it)
+"""Write docs/results.md from docs/experiments.jsonl and the docs/benchmarks/ files named in
+BENCHMARKS, so every number has one source (`--check`: exit 1 if the page is out of date).
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Load test of a served translation model, beside src.infer's own throughput.
-
-    mlflow models serve -m models:/nmt-en-zh@candidate --env-manager local --port 5001 &
-    python -m bench.serving_load --url http://127.0.0.1:5001 --sentences test.en \
-        --onnx models/model.onnx --json serving.json
-
-For every batch size (sentences per request) and number of concurrent clients it sends
-`--requests` requests to `/invocations` and prints p50/p95/p99 latency, sentences per second
-and errors (any non-200 answer or failed connection). With --onnx it also times `src.infer`'s
-translator on the same sentences in this process, so the table shows what HTTP costs. Bounded:
-every request has a timeout, and the run stops after the requests it was given. Run it on an
-idle machine; the server and this script share its cores.
+"""Load test of a served translation model: p50/p95/p99 latency, sent/s and errors per batch
+size and client count, beside src.infer's own throughput (`--onnx`): docs/serving.md.
 """
 
 from __future__ import annotations

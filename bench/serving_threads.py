@@ -1,21 +1,5 @@
-"""The served model under load, per ONNX Runtime thread count: a sitting to a JSON file, and the
-table docs/serving.md shows, printed from that file.
-
-    python -m bench.serving_threads run --sentences test.en --threads 1,2 --rounds 3 \
-        --json serving.json                   # `mlflow models serve`, one worker, per count
-    python -m bench.serving_threads table serving.json
-
-`run` serves the registered model (`--model`, default the export's `candidate`) with `mlflow
-models serve` on loopback, one worker, once per thread count per round (`NMT_THREADS`; the
-order swaps every round, so the host's drift hits each count alike), and sends each server the
-load of bench.serving_load: for every batch size and number of concurrent clients, untimed
-warm-up requests, then `--sentences-per-row` sentences in requests of that size. Rows are
-written after each server, so a run cut short keeps what it measured. Not a test: the server and
-this client share the machine's cores, so run it on an otherwise idle machine.
-
-`table` prints, per batch size and client count, each thread count's sentences/s and p50
-latency, lowest-highest over the rounds; a count's throughput is bold where its lowest round
-beats every other count's highest.
+"""The served model under load, per ONNX Runtime thread count: `run` writes a sitting to a JSON
+file, `table` prints the table docs/serving.md shows from it.
 """
 
 from __future__ import annotations

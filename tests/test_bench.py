@@ -58,7 +58,7 @@ def test_each_recorded_row_shows_the_overrides_its_command_re_runs():
     # the same, or the page names a command that trains something else.
     recorded = experiments.load_results(REPO / "docs" / "experiments.jsonl")
     drifted = {r["name"]: r["overrides"] for r in recorded
-               if experiments.ROWS[r["name"]][1] != r["overrides"]}
+               if experiments.ROWS[r["name"]]["overrides"] != r["overrides"]}
     assert not drifted
 
 
