@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import markdown_table, read_sittings, write_json
+from bench.common import markdown_table, read_sittings, span, write_json
 from src.core.cli import run_cli
 
 COST_BOLD_BELOW = 0.97  # a cost of more than 3%
@@ -37,11 +37,6 @@ def heading(sittings: list[dict]) -> list[str]:
         parts.append(machines)
     count = f"{len(sittings)} sitting{'s' if len(sittings) != 1 else ''}"
     return [f"{count}: {'; '.join(parts)}."] if parts else [f"{count}."]
-
-
-def span(values, show=str) -> str:
-    low, high = min(values), max(values)
-    return show(low) if low == high else f"{show(low)}–{show(high)}"
 
 
 def percent(share: float) -> str:

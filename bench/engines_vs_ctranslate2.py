@@ -345,32 +345,20 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    models: Path = typer.Option(paths.MODELS, help="Dir with model.pt, model.onnx, "
-                                "model.int8.onnx, tokenizer/."),
+    models: Path = typer.Option(paths.MODELS, help="model.pt, the ONNX files, tokenizer/."),
     split_dir: Path = typer.Option(paths.TOKENIZED),
     sentences: int = typer.Option(0, help="Time the first N test sentences (0: all)."),
     threads: str = typer.Option("1,2"),
     beams: str = typer.Option("1,4"),
     batches: str = typer.Option("1,32"),
-    precisions: str = typer.Option("fp32,int8", help="Of fp32, int8, fp16 (fp16: --device cuda "
-                                   "only)."),
-    device: str = typer.Option("cpu", help="cpu | cuda: our files on ONNX Runtime's CUDA "
-                               "provider (onnxruntime-gpu) and CTranslate2 on the GPU; threads "
-                               "then only feed the CPU side."),
-    repeats: int = typer.Option(3, help="Passes per engine, engines alternating, each in a new "
-                                "process; the fastest pass counts (this machine's run-to-run "
-                                "noise is ~20%)."),
-    scores: bool = typer.Option(False, "--scores", help="Both engines also return each "
-                                "translation's score."),
-    n_best: int = typer.Option(1, help="Both engines return this many scored hypotheses per "
-                               "sentence."),
-    baseline: Path = typer.Option(None, help="A dir of our files (same weights, other code) "
-                                  "timed as a third engine, ours_baseline."),
-    force_length: int = typer.Option(None, metavar="L", help="Every output of both engines "
-                                     "exactly L tokens (no early end)."),
-    score_cost: int = typer.Option(0, metavar="R", help="What returning scores costs each "
-                                   "engine: R rounds of passes without and with scores, "
-                                   "alternating in each engine's process."),
+    precisions: str = typer.Option("fp32,int8", help="Of fp32, int8, fp16 (cuda only)."),
+    device: str = typer.Option("cpu", help="cpu | cuda (threads then feed the CPU side only)."),
+    repeats: int = typer.Option(3, help="Passes per engine, alternating; the fastest counts."),
+    scores: bool = typer.Option(False, "--scores", help="Both engines also return scores."),
+    n_best: int = typer.Option(1, help="Scored hypotheses per sentence, both engines."),
+    baseline: Path = typer.Option(None, help="Our files from other code: a third engine."),
+    force_length: int = typer.Option(None, metavar="L", help="Every output exactly L tokens."),
+    score_cost: int = typer.Option(0, metavar="R", help="R rounds without and with scores."),
     json_out: Path = typer.Option(None, "--json", help="Write the rows here."),
     worker_spec: Path = typer.Option(None, "--worker", hidden=True),  # one timing process
 ) -> None:

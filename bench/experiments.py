@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import REPO, markdown_table
+from bench.common import REPO, markdown_table, read_jsonl
 from src.core.cli import run_cli
 from src.core.reports import LENGTH_BUCKETS
 
@@ -70,12 +70,6 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) 
     return row
 
 
-def load_results(results: Path) -> list[dict]:
-    if not results.exists():
-        return []
-    return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-
-
 def print_table(rows: list[dict]) -> None:
     print("\n".join(markdown_table(
         ["experiment", "what changes", "test BLEU", "chrF", "beam", "valid loss", "train min",
@@ -106,14 +100,14 @@ def main(
                   + " ".join(f"{k}={v}" for k, v in row["overrides"].items()))
         return
     if table:
-        print_table(load_results(results))
+        print_table(read_jsonl(results))
         return
     names = [n for n in rows.split(",") if n] or list(ROWS)
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         sys.exit(f"error: unknown row(s) {', '.join(unknown)}; see --list")
     extra = dict(item.split("=", 1) for item in set_)
-    done = {r["name"] for r in load_results(results)}
+    done = {r["name"] for r in read_jsonl(results)}
     for name in names:
         if name in done:
             print(f"{name}: already in {results}, skipped")
@@ -124,7 +118,7 @@ def main(
             sys.exit(f"error: row {name} failed (exit {exc.returncode}); see the output above")
         print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']} ({row['wall_seconds']} s)",
               flush=True)
-    print_table(load_results(results))
+    print_table(read_jsonl(results))
 
 
 if __name__ == "__main__":

@@ -15,12 +15,18 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from bench.common import write_json
+from bench.common import ints, write_json
 from src.core.cli import run_cli
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 FALLBACK = ["How are you?", "I like cats.", "Where is the station?", "It is raining today.",
             "She bought three books yesterday.", "We will meet after work."]
+
+
+def sentence_pool(path: Path | None) -> list[str]:
+    """The non-blank lines of `path`, or FALLBACK where there are none."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path else []
+    return [s for s in lines if s.strip()] or FALLBACK
 
 
 def post(url: str, sentences: list[str], timeout: float) -> tuple[bool, float]:
@@ -85,14 +91,13 @@ def main(
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
 ) -> None:
     """Print p50/p95/p99 latency, sentences/s and errors per batch size and client count."""
-    pool = (sentences.read_text(encoding="utf-8").splitlines() if sentences else FALLBACK)
-    pool = [s for s in pool if s.strip()] or FALLBACK
+    pool = sentence_pool(sentences)
     rows = []
     header = f"{'via':<9} {'batch':>5} {'clients':>7} {'p50 ms':>8} {'p95 ms':>8} " \
              f"{'p99 ms':>8} {'sent/s':>8} {'errors':>6}"
     print(header)
-    for batch in (int(b) for b in batches.split(",")):
-        plans = [("http", c) for c in (int(c) for c in clients.split(","))]
+    for batch in ints(batches):
+        plans = [("http", c) for c in ints(clients)]
         if onnx is not None:
             plans.insert(0, ("src.infer", 1))
         for via, n_clients in plans:
