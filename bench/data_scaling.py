@@ -114,8 +114,7 @@ def main(
     pairs: str = typer.Option("100000,1000000", help="Comma-separated corpus sizes."),
     train_steps: int = typer.Option(0, min=0, help="Also time this many training steps."),
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
-    hub: bool = typer.Option(False, "--hub", help="Read the corpus as a Hub dataset repo from "
-                             "a pre-filled Hugging Face cache (offline) instead of a TSV path."),
+    hub: bool = typer.Option(False, "--hub", help="Read it as a Hub dataset, offline."),
 ) -> None:
     """Print pairs, stage, seconds and peak RSS for download, split and tokenize."""
     stages = ["download", "split", "tokenize"] + (["train"] if train_steps else [])

@@ -79,13 +79,11 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    root: Path = typer.Option(REPO, help="The workspace whose models/, data/tokenized and "
-                              "params.yaml are used."),
+    root: Path = typer.Option(REPO, help="The workspace (models/, data/, params.yaml)."),
     rows: str = typer.Option(",".join(ROWS), help=f"Comma list of {', '.join(ROWS)} "
                              f"({BASELINE} is always run)."),
     json_out: Path = typer.Option(None, "--json", help="Write the rows here."),
-    model_note: str = typer.Option(None, help="Which model this is, for the JSON (default: "
-                                   "the workspace's path)."),
+    model_note: str = typer.Option(None, help="Which model this is, for the JSON."),
 ) -> None:
     names = [BASELINE] + [n for n in rows.split(",") if n != BASELINE]
     unknown = [n for n in names if n not in ROWS]

@@ -87,10 +87,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 @app.command(help=__doc__)
 def main(
     rows: str = typer.Option("", help="Comma-separated row names (default: all)."),
-    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Extra override for "
-                                   "every row, e.g. download.url=<local zip>."),
-    results: Path = typer.Option(REPO / "docs" / "experiments.jsonl", help="JSON-lines file "
-                                 "rows are appended to (and skipped if present)."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="For every row."),
+    results: Path = typer.Option(REPO / "docs" / "experiments.jsonl", help="Rows appended here."),
     list_rows: bool = typer.Option(False, "--list", help="List the rows and exit."),
     table: bool = typer.Option(False, "--table", help="Print the table and exit."),
 ) -> None:

@@ -25,8 +25,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    dirs: list[Path] = typer.Argument(..., help="Directories with model.onnx, model.int8.onnx "
-                                      "and tokenizer/."),
+    dirs: list[Path] = typer.Argument(..., help="Export directories."),
     split_dir: Path = typer.Option(paths.TOKENIZED),
     sentences: int = typer.Option(500, help="The first N test sources."),
     threads: str = typer.Option("1"),
@@ -35,11 +34,8 @@ def main(
     batches: str = typer.Option("1,32"),
     repeats: int = typer.Option(3),
     scores: bool = typer.Option(False, "--scores", help="Also time each file returning scores."),
-    whole_first: bool = typer.Option(False, "--whole-first", help="The first directory's "
-                                     "batches through the file as written (no cut of its "
-                                     "BeamSearch operator)."),
-    text: bool = typer.Option(False, "--text", help="Time the text twins, each with the search "
-                              "it was written with."),
+    whole_first: bool = typer.Option(False, "--whole-first", help="The first uncut."),
+    text: bool = typer.Option(False, "--text", help="The text twins."),
 ) -> None:
     lines = list(test_split(split_dir)["source"])[:sentences]
     modes = (False, True) if scores else (False,)

@@ -106,10 +106,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    work: Path = typer.Option(REPO / ".mutation", help="Folder for the renamed copy (replaced "
-                              "on each run)."),
-    only: list[str] = typer.Option([], help="Mutate only this module (a src/ path); "
-                                   "repeatable."),
+    work: Path = typer.Option(REPO / ".mutation", help="The renamed copy (replaced)."),
+    only: list[str] = typer.Option([], help="Only this src/ module (repeatable)."),
     json_out: Path = typer.Option(None, "--json", help="Write the per-module table here (rows "
                                   "of modules not run this time are kept)."),
     doc: Path = typer.Option(None, help="Rewrite the table of this markdown file from --json's "

@@ -85,10 +85,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 def main(
     baseline: Path = typer.Argument(..., help="Translations TSV of the baseline."),
     candidate: Path = typer.Argument(..., help="Translations TSV of the candidate."),
-    test: str = typer.Option("bs", help="Paired bootstrap resampling (bs) or approximate "
-                             "randomisation (ar)."),
-    samples: int = typer.Option(1000, help="Resamples (bs) or trials (ar); 0: sacreBLEU's "
-                                "default."),
+    test: str = typer.Option("bs", help="bs (bootstrap) or ar (randomisation)."),
+    samples: int = typer.Option(1000, help="Resamples or trials (0: default)."),
     alpha: float = typer.Option(0.05, help="Significance level."),
     target_lang: str = typer.Option(None, help="Target language, which picks BLEU's tokenizer "
                                     "(default: pair.target_lang of params.yaml)."),

@@ -90,8 +90,7 @@ def onnxruntime_version() -> str:
 
 @app.command()
 def run(
-    json_out: Path = typer.Option(..., "--json", help="Write the sitting here (after each "
-                                  "server, so a run cut short keeps its rows)."),
+    json_out: Path = typer.Option(..., "--json", help="Write the sitting here."),
     model: str = typer.Option("models:/nmt-en-zh@candidate", help="The model to serve."),
     sentences: Path = typer.Option(None, help="Source sentences, one per line."),
     threads: str = typer.Option("1,2", help="NMT_THREADS of each server, comma-separated."),

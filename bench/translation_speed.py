@@ -180,12 +180,9 @@ def main(
                                 "largest."),
     n: int = typer.Option(256, "--n", help="Sentences for batched runs."),
     n1: int = typer.Option(64, "--n1", help="Sentences for batch-1 runs."),
-    max_seconds: float = typer.Option(60.0, help="Per configuration; stops after the batch "
-                                      "that crosses it."),
-    json_out: Path = typer.Option(None, "--json", help="Also write the rows here "
-                                  "(docs/benchmarks/infer_speed.json feeds bench.results_page)."),
-    model_note: str = typer.Option(None, help="Which model this is, for the JSON (default: "
-                                   "--model's path)."),
+    max_seconds: float = typer.Option(60.0, help="Per configuration."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
+    model_note: str = typer.Option(None, help="Which model this is, for the JSON."),
     worker_spec: Path = typer.Option(None, "--worker", hidden=True),
 ) -> None:
     if worker_spec:
