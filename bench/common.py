@@ -131,6 +131,18 @@ def markdown_table(header: list, rows: list[list], align: list[str] | None = Non
         "| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (none if it is missing)."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def span(values, show=str) -> str:
+    """'3' or '2–5': the lowest and highest of `values`, once where they are equal."""
+    low, high = min(values), max(values)
+    return show(low) if low == high else f"{show(low)}–{show(high)}"
+
+
 def ints(text: str) -> list[int]:
     """'1,32' -> [1, 32]: the comma lists of the tools' options."""
     return [int(x) for x in text.split(",")]

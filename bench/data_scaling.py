@@ -1,16 +1,5 @@
-"""Time and peak memory of the data stages as the corpus grows.
-
-    python -m bench.data_scaling --source cmn.txt --pairs 100000,1000000
-    python -m bench.data_scaling --source cmn.txt --pairs 1000000 --hub
-
-For each size it writes a recombined corpus (bench.make_corpus) into a scratch project,
-runs download → split → tokenize (and, with --train-steps N, N training steps) as the pipeline
-does (`python -m src.<stage>` with NMT_ROOT), and prints one row per stage: pairs, stage,
-seconds, peak RSS of its largest process (exact, from wait4) and of all its processes together
-(encoding workers, data-parallel ranks; sampled). With --hub the corpus is first put into a
-Hugging Face cache as a Hub dataset repo (parquet, two text columns, README `configs:`) and
-download reads it from there offline, as it reads any fetched snapshot. Run it on an idle
-machine.
+"""Seconds and peak memory of the data stages (download, split, tokenize, and optionally
+training steps) as the corpus grows, on recombined corpora in scratch projects: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -125,8 +114,7 @@ def main(
     pairs: str = typer.Option("100000,1000000", help="Comma-separated corpus sizes."),
     train_steps: int = typer.Option(0, min=0, help="Also time this many training steps."),
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
-    hub: bool = typer.Option(False, "--hub", help="Read the corpus as a Hub dataset repo from "
-                             "a pre-filled Hugging Face cache (offline) instead of a TSV path."),
+    hub: bool = typer.Option(False, "--hub", help="Read it as a Hub dataset, offline."),
 ) -> None:
     """Print pairs, stage, seconds and peak RSS for download, split and tokenize."""
     stages = ["download", "split", "tokenize"] + (["train"] if train_steps else [])

@@ -1,16 +1,5 @@
-"""Decoding and checkpoint choices on a workspace's trained model: beam size, length penalty,
-and the averaged model.pt against the best single checkpoint, each scored on the valid split
-(where choices are made) and the test split, with a paired test against the default on valid.
-
-    python -m bench.decoding_choices --root <workspace> --json docs/benchmarks/decoding.json \\
-        --model-note "run 5 of the default recipe"
-    python -m bench.decoding_choices --rows default,greedy      # some rows only
-
-Each row is `python -m src.evaluate --split valid` and `--split test` with the row's
-`evaluate.beam_size`, `evaluate.length_penalty` and `--model-path`, its outputs in a scratch
-folder; the workspace's params.yaml gets its exact bytes back after each row, also when one
-fails. The paired test is bench.paired_significance's (bootstrap, 1,000 resamples) of each
-row's valid translations against the default row's. MLflow tracking is off for these evaluations.
+"""Beam size, length penalty and checkpoint on a workspace's trained model, on the valid and
+test splits, each paired-tested against the default on valid: docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -90,13 +79,11 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    root: Path = typer.Option(REPO, help="The workspace whose models/, data/tokenized and "
-                              "params.yaml are used."),
+    root: Path = typer.Option(REPO, help="The workspace (models/, data/, params.yaml)."),
     rows: str = typer.Option(",".join(ROWS), help=f"Comma list of {', '.join(ROWS)} "
                              f"({BASELINE} is always run)."),
     json_out: Path = typer.Option(None, "--json", help="Write the rows here."),
-    model_note: str = typer.Option(None, help="Which model this is, for the JSON (default: "
-                                   "the workspace's path)."),
+    model_note: str = typer.Option(None, help="Which model this is, for the JSON."),
 ) -> None:
     names = [BASELINE] + [n for n in rows.split(",") if n != BASELINE]
     unknown = [n for n in names if n not in ROWS]

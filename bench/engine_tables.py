@@ -1,20 +1,6 @@
-"""The tables of docs/engines.md, from the sittings of bench.engines_vs_ctranslate2.
-
-    python -m bench.engine_tables docs/benchmarks/engines_epyc_blocks.json
-    python -m bench.engine_tables s1.json s2.json s3.json --merge sittings.json
-
-A file is one sitting (what `engines_vs_ctranslate2 --json` writes: {"command", "commit",
-"machine", "rows"}) or several ({"sittings": [<one sitting's file, unchanged>, ...]}, what
-`--merge` writes). Prints, as Markdown, for the sittings of all files given, in order:
-- a line naming the sittings' commits and machines (where the files say them);
-- a line of the translation check (identical strings, BLEU of both engines), where there is one;
-- from timed rows: every cell (precision, beam, batch, threads) with ours / CTranslate2 sent/s
-  and their ratio in each sitting, then the worst ratio; and the best-thread table, where each
-  engine takes its faster thread count per sitting (precision, beam, batch);
-- from `--score-cost` rows: each engine's speed with scores / without in each sitting (ours /
-  CTranslate2, bold below 0.97: a cost over 3%), each engine's worst, and the worst ratio of
-  the two engines' speeds with scores.
-A cell is judged by its worst sitting.
+"""The tables of docs/engines.md, from the sittings of bench.engines_vs_ctranslate2: the
+translation check, every cell per sitting, the best thread count and the cost of scores, each
+cell judged by its worst sitting (`--merge`: one file of every sitting given).
 """
 
 from __future__ import annotations
@@ -23,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import markdown_table, read_sittings, write_json
+from bench.common import markdown_table, read_sittings, span, write_json
 from src.core.cli import run_cli
 
 COST_BOLD_BELOW = 0.97  # a cost of more than 3%
@@ -51,11 +37,6 @@ def heading(sittings: list[dict]) -> list[str]:
         parts.append(machines)
     count = f"{len(sittings)} sitting{'s' if len(sittings) != 1 else ''}"
     return [f"{count}: {'; '.join(parts)}."] if parts else [f"{count}."]
-
-
-def span(values, show=str) -> str:
-    low, high = min(values), max(values)
-    return show(low) if low == high else f"{show(low)}–{show(high)}"
 
 
 def percent(share: float) -> str:

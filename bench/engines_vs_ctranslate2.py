@@ -1,33 +1,6 @@
-"""Same weights, two engines: our exported ONNX models against CTranslate2 on real sentences.
-
-Converts models/model.pt to CTranslate2 (src.to_ctranslate2), checks that both engines
-translate the test split alike (identical strings and BLEU, beam 4, batch 32, fp32 and int8),
-then times text -> text (SentencePiece included on both sides) on the test sources at their
-natural lengths, sorted by source tokens into batches as `src.infer --input` does, for every
-beam x batch x precision x thread count asked for. Needs the optional extra:
-
-    pip install -e '.[ctranslate2]'
-    python -m bench.engines_vs_ctranslate2                                  # everything
-    python -m bench.engines_vs_ctranslate2 --sentences 300 --threads 1 --json out.json
-
-`--scores` makes both engines return each translation's score (CTranslate2 `return_scores`),
-`--n-best N` N scored hypotheses per sentence (CTranslate2 `num_hypotheses`), so each clock
-holds that work too. `--baseline DIR` times a third engine: our files in DIR (the same weights
-exported by other code, e.g. before a change), alternating with the others. `--force-length L`
-makes every output of both engines exactly L tokens (end of sentence banned until then, as a
-peer benchmark's forced length does), so both do the same decoding work whatever each one's
-model would have said: the check that the two translate alike is then skipped, and each pass
-checks the lengths instead. `--score-cost R` asks what returning scores costs each engine: in
-each engine's process, passes without and with scores alternate R times per cell (the order
-swapped every round), and each cell reports the median of the rounds' speed ratios (scored /
-plain), so the host's drift between processes does not enter the ratio.
-
-Not a test: timings need an otherwise idle machine. Each engine is timed in a process of its
-own that imports neither torch nor the other engine (`--worker`; with torch in the process,
-CTranslate2 ran 5x slower at two threads): this process converts the model (torch) and only
-starts workers. Passes alternate engine after engine, `--repeats` times; each engine's fastest
-pass per cell counts, so drift and noise hit both alike. Both clocks hold the same work: text in
-(tokenizing), search, text out, in the same batches.
+"""Same weights, two engines: our exported ONNX models against CTranslate2, text to text (same
+translations, sent/s, the cost of scores), each engine timed in a process of its own without
+torch. Needs `pip install -e '.[ctranslate2]'`; options and method: docs/engines.md.
 """
 
 from __future__ import annotations
@@ -372,32 +345,20 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    models: Path = typer.Option(paths.MODELS, help="Dir with model.pt, model.onnx, "
-                                "model.int8.onnx, tokenizer/."),
+    models: Path = typer.Option(paths.MODELS, help="model.pt, the ONNX files, tokenizer/."),
     split_dir: Path = typer.Option(paths.TOKENIZED),
     sentences: int = typer.Option(0, help="Time the first N test sentences (0: all)."),
     threads: str = typer.Option("1,2"),
     beams: str = typer.Option("1,4"),
     batches: str = typer.Option("1,32"),
-    precisions: str = typer.Option("fp32,int8", help="Of fp32, int8, fp16 (fp16: --device cuda "
-                                   "only)."),
-    device: str = typer.Option("cpu", help="cpu | cuda: our files on ONNX Runtime's CUDA "
-                               "provider (onnxruntime-gpu) and CTranslate2 on the GPU; threads "
-                               "then only feed the CPU side."),
-    repeats: int = typer.Option(3, help="Passes per engine, engines alternating, each in a new "
-                                "process; the fastest pass counts (this machine's run-to-run "
-                                "noise is ~20%)."),
-    scores: bool = typer.Option(False, "--scores", help="Both engines also return each "
-                                "translation's score."),
-    n_best: int = typer.Option(1, help="Both engines return this many scored hypotheses per "
-                               "sentence."),
-    baseline: Path = typer.Option(None, help="A dir of our files (same weights, other code) "
-                                  "timed as a third engine, ours_baseline."),
-    force_length: int = typer.Option(None, metavar="L", help="Every output of both engines "
-                                     "exactly L tokens (no early end)."),
-    score_cost: int = typer.Option(0, metavar="R", help="What returning scores costs each "
-                                   "engine: R rounds of passes without and with scores, "
-                                   "alternating in each engine's process."),
+    precisions: str = typer.Option("fp32,int8", help="Of fp32, int8, fp16 (cuda only)."),
+    device: str = typer.Option("cpu", help="cpu | cuda (threads then feed the CPU side only)."),
+    repeats: int = typer.Option(3, help="Passes per engine, alternating; the fastest counts."),
+    scores: bool = typer.Option(False, "--scores", help="Both engines also return scores."),
+    n_best: int = typer.Option(1, help="Scored hypotheses per sentence, both engines."),
+    baseline: Path = typer.Option(None, help="Our files from other code: a third engine."),
+    force_length: int = typer.Option(None, metavar="L", help="Every output exactly L tokens."),
+    score_cost: int = typer.Option(0, metavar="R", help="R rounds without and with scores."),
     json_out: Path = typer.Option(None, "--json", help="Write the rows here."),
     worker_spec: Path = typer.Option(None, "--worker", hidden=True),  # one timing process
 ) -> None:

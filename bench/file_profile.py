@@ -1,15 +1,5 @@
-"""Where an exported file spends a translation: ONNX Runtime's profiler, by operator or node.
-
-    python -m bench.file_profile models/model.int8.onnx --beam 1 --batch 32 --threads 1
-    python -m bench.file_profile models/model.onnx --beam 4 --by node --top 40
-    python -m bench.file_profile models/model.int8.onnx --beam 1 --scores --by node
-
-Translates the first `--sentences` test sentences as `src.infer --input` does (batches by
-source tokens), after one warm-up batch, with `SessionOptions.enable_profiling` on, then sums
-each kernel's time by operator type (or by node) against the time spent in `session.run`,
-and says how much of the timed pass went outside `session.run` (Python's share).
-The control nodes (BeamSearch, Loop, If) are listed apart: their time includes the nodes
-they run. Profiling slows every node a little; compare shares, not speeds.
+"""Where an exported file spends a translation: ONNX Runtime's profiler, summed by operator or
+node against the time in `session.run` (control nodes apart): docs/engines.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""A/B speed of two or more exports of our model: the same test sentences through each directory's
-model.onnx / model.int8.onnx, files alternating pass by pass in one process, the order reversed
-every round.
-
-    python -m bench.files_speed_ab old_models/ models/ --threads 1 --precisions int8,fp32
-    python -m bench.files_speed_ab models/ --scores --beams 1 --batches 32 --repeats 20
-    python -m bench.files_speed_ab models/ models/ --whole-first --batches 32 --repeats 16
-    python -m bench.files_speed_ab old_twins/ models/ --text --batches 1,32
-
-Prints sentences/s per file (its fastest pass) for every precision x beam x batch, each file's
-speed against the first's as the median of the rounds' ratios (a round's two passes run seconds
-apart, so the machine's drift hits both), and the share of translations identical to the first
-directory's. `--scores`: each file is also timed returning scores (`translate_scored`), as
-`<dir>+scores`. `--whole-first`: the first directory's batches go through the file as written,
-BeamSearch operator included, as before the runtime cut it out for batches
-(src/runtime/batch_graph.py), labelled `<dir>(whole)`. Not a test: timings need an otherwise
-idle machine. `--text`: the text twins (model.text.onnx, model.int8.text.onnx) instead, each
-searching as written (`--beams` does not apply).
+"""A/B speed of two or more exports of our model: the same test sentences through each file,
+files alternating pass by pass, each against the first as the median of rounds' ratios, and
+the share of identical translations: docs/engines.md.
 """
 
 from __future__ import annotations
@@ -40,8 +25,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    dirs: list[Path] = typer.Argument(..., help="Directories with model.onnx, model.int8.onnx "
-                                      "and tokenizer/."),
+    dirs: list[Path] = typer.Argument(..., help="Export directories."),
     split_dir: Path = typer.Option(paths.TOKENIZED),
     sentences: int = typer.Option(500, help="The first N test sources."),
     threads: str = typer.Option("1"),
@@ -50,11 +34,8 @@ def main(
     batches: str = typer.Option("1,32"),
     repeats: int = typer.Option(3),
     scores: bool = typer.Option(False, "--scores", help="Also time each file returning scores."),
-    whole_first: bool = typer.Option(False, "--whole-first", help="The first directory's "
-                                     "batches through the file as written (no cut of its "
-                                     "BeamSearch operator)."),
-    text: bool = typer.Option(False, "--text", help="Time the text twins, each with the search "
-                              "it was written with."),
+    whole_first: bool = typer.Option(False, "--whole-first", help="The first uncut."),
+    text: bool = typer.Option(False, "--text", help="The text twins."),
 ) -> None:
     lines = list(test_split(split_dir)["source"])[:sentences]
     modes = (False, True) if scores else (False,)

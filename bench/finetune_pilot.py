@@ -1,21 +1,7 @@
-"""Try fine-tune recipes side by side before spending CPU hours on one.
-
-Each candidate is the project's train stage (`python -m src.train`) with its own
-`finetune.lr`, `finetune.warmup_steps` and, if given, `finetune.epochs`, run in a scratch copy of
-the project under --out, from the same parent weights and data. The copy links the project's
-data/tokenized and models/parent and copies params.yaml and models/tokenizer, so the project's
-own models/ are never touched. Candidates are scored on the valid split only (train's own
-selection score of the averaged model, and the per-epoch curve), so a rule written before the
-runs can choose between them without a test set.
+"""Fine-tune recipes side by side from one parent, each the train stage in a scratch copy of the
+project, scored on the valid split only: docs/experiments.md.
 
     python -m bench.finetune_pilot --out pilot C2=7e-4,200 C4=7e-4,1000 C5=1e-3,1000,24
-
-The project must be one where train.init_from is set and the parent and tokenize stages have
-run (`dvc repro tokenize`): models/parent/ resolved, data/tokenized encoded with the parent's
-tokenizer. On a GPU the candidates train at once (the CPU cores shared out among them); on the
-CPU one after another, since two trainings on the same cores slow each other several-fold.
-Writes <out>/<name>/ (the copy: params.yaml, train.log, models/) and <out>/pilot.json, one row
-per candidate in the order given.
 """
 
 from __future__ import annotations

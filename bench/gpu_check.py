@@ -1,44 +1,6 @@
-"""What a GPU adds, checked on one: run this on a machine with an NVIDIA GPU, onnxruntime-gpu and a
-CUDA build of torch, after the README's install.
-
-    python -m bench.gpu_check                  # models/ of this checkout (after dvc repro)
-    python -m bench.gpu_check --build-minutes 4   # or build a model first, in a scratch copy
-
-Rows, written to one JSON file (default docs/benchmarks/gpu_check.json):
-
-* placement: which provider runs how many nodes of each file under `auto`, and of the int8 and
-  text files forced onto CUDA (the nodes that fall back to the CPU);
-* parity: model.onnx and model.fp16.onnx on CUDA against PyTorch's search (greedy 100%, beam
-  at least export.min_beam_parity), the text files on CUDA against PyTorch's decoded output;
-* bleu: each file on the test split, on CUDA;
-* batches: model.onnx, model.fp16.onnx and PyTorch's own search x batch 1, 32 and 256 x greedy
-  and beam 4 on the same test sentences (`--table-sentences`): sentences/s and the peak GPU
-  memory of the process (CUDA context included, from nvidia-smi), each cell in a fresh process;
-* serve: the MLflow model, registered in a scratch store and run by `mlflow models serve`:
-  bench.serving_load's latency and sentences/s for 1 and 32 sentences a request at 1 and 4
-  clients (`--serve-requests` each), on CUDA (`auto`) and on the CPU (`NMT_PROVIDER=cpu`), and
-  what the server's log says it ran on;
-* speed: bench.engines_vs_ctranslate2 --device cuda, fp32 and fp16 x greedy and beam 4 x batch
-  1 and 32, ours against CTranslate2;
-* train: the same steps of the train stage with `train.precision: auto` (fp32 with TF32
-  matmuls on a GPU), bf16 (autocast; fp16 with a loss scaler where the GPU has no bf16) and
-  fp32: final loss and tokens/s.
-
-`--pytorch-only` is for a machine with a CUDA build of torch but no onnxruntime-gpu: it skips
-every ONNX row and checks PyTorch's own search on CUDA instead (rows `search`: greedy and beam,
-token-for-token against the same search on the CPU, BLEU and sentences/s on the test split),
-then the train rows. It needs models/model.pt, models/tokenizer and data/tokenized.
-`--onnx-only` is for a machine with onnxruntime-gpu but no CTranslate2 built for CUDA: no
-engine benchmark, no train rows.
-
-The output file is rewritten after each check (`complete` false until the last), so a run
-stopped halfway keeps what it measured; a check that breaks becomes a row with its `error` and
-the next one runs. `--checks batches,parity` makes only the checks named, in that
-order.
-
-Without a GPU it exits 1 with one line. `--rehearse-on-cpu` runs the same steps on the CPU
-(fp16, which ONNX Runtime runs on CUDA only, and the engine benchmark skipped): how the script
-itself is tested.
+"""What a GPU adds, checked on one: placement, parity, BLEU, the batch table, serving, engines
+and training, one row each in a JSON file (default docs/benchmarks/gpu_check.json). Each check,
+option and row is explained in docs/gpu.md ("The GPU check").
 """
 
 from __future__ import annotations
@@ -102,14 +64,18 @@ def build(root: Path, minutes: float) -> Path:
     return root
 
 
+def present(models: Path, provider: str, names=FILES) -> list[str]:
+    """The files of `names` that models/ holds and `provider` runs (fp16: CUDA only)."""
+    return [n for n in names if (models / n).is_file()
+            and not (n == "model.fp16.onnx" and provider == "cpu")]
+
+
 def placement_rows(models: Path, provider: str) -> list[dict]:
     from src.runtime import sessions
 
     rows = []
-    for name in FILES:
+    for name in present(models, provider):
         path = models / name
-        if not path.is_file() or (name == "model.fp16.onnx" and provider == "cpu"):
-            continue
         forced = [provider] if provider == "cpu" else ["auto"] + (
             ["cuda"] if "int8" in name or "text" in name else [])
         for choice in forced:
@@ -133,9 +99,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     test = test_split(data)
     sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
     rows = []
-    for name in ("model.onnx", "model.fp16.onnx"):
-        if not (models / name).is_file() or (name == "model.fp16.onnx" and provider == "cpu"):
-            continue
+    for name in present(models, provider, ("model.onnx", "model.fp16.onnx")):
         result = verify.parity(sessions.open_session(models / name, provider), model,
                                sources, cfg)
         result.pop("mismatches")
@@ -145,9 +109,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     tok = load_tokenizers(models / "tokenizer")
     expected = tok.decode_target(translate_ids(model, sources, cfg.beam_size, cfg.length_penalty,
                                                cfg.max_length_ratio, cfg.batch_size))
-    for name in ("model.text.onnx",):
-        if not (models / name).is_file():
-            continue
+    for name in present(models, provider, ("model.text.onnx",)):
         translator = generation.load_translator(models / name, None, provider)
         got = translator.translate(texts, batch_size=cfg.batch_size)
         same = sum(a == b for a, b in zip(got, expected)) / max(len(texts), 1)
@@ -171,10 +133,8 @@ def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
     test = test_split(data)
     target_lang = load_tokenizers(models / "tokenizer").target_lang
     rows = []
-    for name in FILES:
+    for name in present(models, provider):
         path = models / name
-        if not path.is_file() or (name == "model.fp16.onnx" and provider == "cpu"):
-            continue
         choice = provider if "int8" not in name else "cpu"  # int8 runs on the CPU by design
         tokenizer = None if "text" in name else models / "tokenizer"
         translator = generation.load_translator(path, tokenizer, choice, warn=lambda _: None)
@@ -292,8 +252,7 @@ def table_rows(root: Path, device: str, n: int) -> list[dict]:
 
 def engine_rows(root: Path, device: str, n: int, engine: str, work: Path) -> list[dict]:
     """The batch table's cells of one engine."""
-    if engine != "pytorch" and not (root / "models" / engine).is_file() or \
-            engine == "model.fp16.onnx" and device == "cpu":
+    if engine != "pytorch" and not present(root / "models", device, (engine,)):
         return []
     rows = []
     for batch in TABLE_BATCHES:
@@ -464,30 +423,17 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    root: Path = typer.Option(paths.ROOT, help="Project whose models/ and data/tokenized are "
-                              "checked."),
-    build_minutes: float = typer.Option(0, help="First train a model for this long (and "
-                                        "export it) in a scratch copy of this checkout, and "
-                                        "check that one."),
+    root: Path = typer.Option(paths.ROOT, help="Project whose models/ and data/ are checked."),
+    build_minutes: float = typer.Option(0, help="First train and export a model this long."),
     sentences: int = typer.Option(200, help="Parity sentences."),
     train_steps: int = typer.Option(300),
-    table_sentences: int = typer.Option(512, help="Test sentences of each batch-table cell (0: "
-                                        "no batch table)."),
-    serve_requests: int = typer.Option(40, help="Requests of each served-model row (0: the "
-                                       "served model is not checked)."),
-    checks: str = typer.Option(None, help=f"Only these checks, in this order, comma-separated, "
-                               f"of {', '.join(CHECKS)} (default: all that the other options "
-                               "allow, in that order); the output file is rewritten after "
-                               "each, so a run stopped halfway keeps the rows measured."),
+    table_sentences: int = typer.Option(512, help="Sentences per batch-table cell (0: none)."),
+    serve_requests: int = typer.Option(40, help="Requests per served-model row (0: none)."),
+    checks: str = typer.Option(None, help=f"Only these, in order: of {', '.join(CHECKS)}."),
     output: Path = typer.Option(REPO / "docs/benchmarks/gpu_check.json"),
-    rehearse_on_cpu: bool = typer.Option(False, "--rehearse-on-cpu", help="Run the steps on the "
-                                         "CPU (no fp16, no engine benchmark): a test of this "
-                                         "tool, not of a GPU."),
-    pytorch_only: bool = typer.Option(False, "--pytorch-only", help="No ONNX rows (a machine "
-                                      "without onnxruntime-gpu): PyTorch's search on CUDA "
-                                      "against the CPU, then the train rows."),
-    onnx_only: bool = typer.Option(False, "--onnx-only", help="No engine benchmark (it needs "
-                                   "CTranslate2 built for CUDA) and no train rows."),
+    rehearse_on_cpu: bool = typer.Option(False, "--rehearse-on-cpu", help="Steps on the CPU."),
+    pytorch_only: bool = typer.Option(False, "--pytorch-only", help="No ONNX rows."),
+    onnx_only: bool = typer.Option(False, "--onnx-only", help="No engine or train rows."),
     worker_spec: Path = typer.Option(None, "--worker", hidden=True),  # one batch-table cell
 ) -> int:
     if worker_spec:

@@ -1,11 +1,5 @@
-"""Make a large synthetic parallel corpus by recombining the pairs of a real one.
-
-    python -m bench.make_corpus --source cmn.txt --pairs 1000000 --out big.tsv
-
-Each output pair joins 1-3 randomly drawn source pairs on both sides with a space (so its
-translation stays right), seeded, so the same command writes the same file. It exists to
-measure how the stages scale with corpus size (bench.data_scaling); it is not for
-training a better model. Reads the first two tab-separated columns; writes TSV, streaming.
+"""A large synthetic parallel corpus recombined from a real one (1-3 pairs joined, seeded), to
+measure how the stages scale (bench.data_scaling), not to train on: docs/scaling.md.
 """
 
 from __future__ import annotations

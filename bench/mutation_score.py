@@ -1,17 +1,6 @@
-"""Mutation testing (mutmut 3) of the modules configured in pyproject.toml's [tool.mutmut].
-
-mutmut 3 refuses a top-level package named `src` (it takes `src/` for a source folder), and ours
-is the package `src` (`python -m src.train`). So this tool copies the checkout's tracked files
-to a work folder, renames the package to `nmtsrc` there (imports, `-m` commands and paths in
-the code, tests and configuration), runs `mutmut run` in the copy and prints the share of
-mutants killed per module. The checkout itself is never touched.
-
-    python -m bench.mutation_score                      # all configured modules
-    python -m bench.mutation_score --only src/promote.py --json docs/benchmarks/mutation.json \
-        --doc docs/testing.md
-
-`--json` keeps the rows of modules this run did not mutate (so one module can be re-run) and
-`--doc` rewrites the table between the `<!-- mutation table -->` markers from that file.
+"""Mutation testing (mutmut 3) of pyproject.toml's [tool.mutmut] modules: the share of mutants
+the tests kill per module, run in a copy whose package `src` is renamed `nmtsrc` (mutmut 3
+refuses a package named `src`): docs/testing.md.
 """
 
 from __future__ import annotations
@@ -117,10 +106,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command(help=__doc__)
 def main(
-    work: Path = typer.Option(REPO / ".mutation", help="Folder for the renamed copy (replaced "
-                              "on each run)."),
-    only: list[str] = typer.Option([], help="Mutate only this module (a src/ path); "
-                                   "repeatable."),
+    work: Path = typer.Option(REPO / ".mutation", help="The renamed copy (replaced)."),
+    only: list[str] = typer.Option([], help="Only this src/ module (repeatable)."),
     json_out: Path = typer.Option(None, "--json", help="Write the per-module table here (rows "
                                   "of modules not run this time are kept)."),
     doc: Path = typer.Option(None, help="Rewrite the table of this markdown file from --json's "

@@ -1,14 +1,5 @@
-"""Score models on the two halves of a corpus's training pairs: the half a parent model was
-trained on ("old") and the half that arrived later ("new"), as issue 58's (a)/(b)/(c) compare.
-
-    python -m bench.old_new_halves --old-split <parent run>/data/split --full-split data/split \
-        --model parent=<dir>/model.pt --model tuned=models/model.pt --out halves.json
-
-"old" is the parent's training split; "new" is every pair of the full training split whose
-source sentence is not an old source. A seeded sample of `--sample` pairs of each half is
-translated with each model's own tokenizer (`tokenizer/` beside its model.pt) by the evaluate
-stage's beam search and settings (params `evaluate.*`), and scored by evaluate's own function:
-BLEU and chrF, overall and by source length, and the confidence's AUROC.
+"""BLEU and chrF of models on the old half of the training pairs (the parent's) and the new
+half, by evaluate's own search and scoring: docs/experiments.md.
 """
 
 from __future__ import annotations

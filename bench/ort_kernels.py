@@ -1,40 +1,6 @@
-"""ONNX Runtime's kernels at the shapes of our decoder, on this CPU.
-
-    python -m bench.ort_kernels                 # all eight tables
-    python -m bench.ort_kernels --json out.json
-    python -m bench.ort_kernels --table logp    # one of them
-
-Eight questions behind docs/engines.md and docs/serving.md, each answered by small models timed
-alone (one thread, unless the table says otherwise):
-
-1. Is a VNNI path taken? DynamicQuantizeMatMul (our int8 files) against the fp32 MatMul of the
-   same shape, in GOPS: an int8 kernel far above fp32 uses the CPU's int8 dot products.
-2. Would static activation scales (calibrated QDQ) help? QuantizeLinear with a fixed scale +
-   MatMulIntegerToFloat against DynamicQuantizeMatMul, which finds the scale per call.
-3. Would block-quantized weights help? MatMulNBits (8 and 4 bits, int8 compute) against
-   DynamicQuantizeMatMul at one row (a batch-1 step) and 32 rows.
-4. Greedy's best token: TopK(2) (what the search Loop runs) against ArgMax over (32, vocab).
-5. What a returned score costs greedy search per step: the chosen tokens' log-probabilities over
-   (32, vocab) by LogSoftmax + GatherElements (what the search Loop runs), by Softmax +
-   GatherElements + Log (exact for the argmax, whose probability is at least 1/vocab), by
-   ReduceLogSumExp, and by ReduceMax, Sub, Exp, ReduceSum, Log; each row also holds every
-   variant's largest difference from LogSoftmax's numbers.
-6. Does a second thread pay for a batch-1 step's products? fp32 MatMul at the decoder's shapes
-   on 1 and 4 rows (greedy and beam 4 at batch 1), one thread against two, twenty products of
-   one weight per call so that the call's own cost does not hide theirs.
-7. What does ONNX Runtime's BeamSearch operator cost per step by itself? The operator around an
-   encoder and a decoder that do almost nothing (the decoder's logits a constant that never
-   picks EOS, its caches grown by zeros), run to 4 and to 20 tokens for one sentence: the
-   difference / 16 is the operator's search per step (log-softmax, TopK, scorer, cache
-   reordering, its subgraph call), at beam 1 and 4, one and two threads.
-8. Does a second thread pay for a decoder step's products as it runs them? Twenty products per
-   call as in question 6, but each with a weight of its own (a step reads every weight once,
-   from L3 at best, where question 6 reads one weight from L2) and each reading the previous
-   product's output (split over two threads, half of it was written by the other core); one
-   thread against two.
-
-Not a test: timings need an otherwise idle machine. Each variant runs in turn, three passes,
-and its fastest pass counts.
+"""ONNX Runtime's kernels at the shapes of our decoder, on this CPU: int8 and block-quantized
+MatMuls, TopK, log-probabilities, threads and the BeamSearch operator, one table each (TABLES).
+Each variant's fastest of three passes counts; what each table asks: docs/engines.md.
 """
 
 from __future__ import annotations

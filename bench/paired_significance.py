@@ -1,21 +1,6 @@
-"""Is a candidate's translation of a split better than a baseline's? A paired significance test.
-
-Under a point of corpus BLEU is within the noise of our 1,056-row valid split (resampling its
-rows moves BLEU by about one point, one standard deviation), so whether an ablation row beats
-the default is a question for a paired test: both systems are scored on the same resampled
-sentences, which cancels most of the split's own variance. This runs sacreBLEU's paired
-bootstrap resampling (Koehn, EMNLP 2004) or approximate randomisation (Riezler & Maxwell, 2005)
-on two TSVs written by `python -m src.evaluate` for the same split (same sources and
-references in the same order), scoring BLEU with the tokenizer evaluate uses for the target
-language, and chrF.
-
-    # in each run's workspace: translate the valid split with that run's model.pt
-    python -m src.evaluate --split valid --translations valid.tsv \\
-        --metrics valid_metrics.json --stats valid_stats.json
-    python -m bench.paired_significance baseline/valid.tsv candidate/valid.tsv
-
-The last line is the verdict on BLEU: which system is better at the chosen significance level,
-or that the test cannot tell them apart.
+"""Is a candidate's translation of a split better than a baseline's? sacreBLEU's paired
+bootstrap or approximate randomisation on two `src.evaluate` TSVs of the same split, BLEU and
+chrF; the last line is the verdict: docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -100,10 +85,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 def main(
     baseline: Path = typer.Argument(..., help="Translations TSV of the baseline."),
     candidate: Path = typer.Argument(..., help="Translations TSV of the candidate."),
-    test: str = typer.Option("bs", help="Paired bootstrap resampling (bs) or approximate "
-                             "randomisation (ar)."),
-    samples: int = typer.Option(1000, help="Resamples (bs) or trials (ar); 0: sacreBLEU's "
-                                "default."),
+    test: str = typer.Option("bs", help="bs (bootstrap) or ar (randomisation)."),
+    samples: int = typer.Option(1000, help="Resamples or trials (0: default)."),
     alpha: float = typer.Option(0.05, help="Significance level."),
     target_lang: str = typer.Option(None, help="Target language, which picks BLEU's tokenizer "
                                     "(default: pair.target_lang of params.yaml)."),

@@ -1,13 +1,5 @@
-"""Write docs/results.md from the raw measurements beside it, so every number has one source.
-
-Reads docs/experiments.jsonl (rows appended by bench.experiments) and the files of
-docs/benchmarks/ named in BENCHMARKS. Each table names the command behind its numbers, the CPU
-and the file they come from, by its full name. A file of several sittings ({"sittings": [...]},
-oldest first) keeps them all; the page shows the last one (training speed: the last one on each
-CPU).
-
-    python -m bench.results_page            # rewrite docs/results.md
-    python -m bench.results_page --check    # exit 1 if docs/results.md is out of date (CI runs it)
+"""Write docs/results.md from docs/experiments.jsonl and the docs/benchmarks/ files named in
+BENCHMARKS, so every number has one source (`--check`: exit 1 if the page is out of date).
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import REPO, latest_by_cpu, markdown_table, sittings_of
+from bench.common import REPO, latest_by_cpu, markdown_table, read_jsonl, sittings_of
 from src.core.cli import run_cli
 
 DOCS = REPO / "docs"
@@ -61,11 +53,6 @@ def cite(name: str) -> str:
 
 def load_json(bench: Path, name: str) -> dict:
     return json.loads((bench / name).read_text(encoding="utf-8"))
-
-
-def load_rows(path: Path) -> list[dict]:
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def table(header: list[str], rows: list[list]) -> list[str]:
@@ -407,7 +394,7 @@ def samples(bench: Path, title: str, judged: str, sentences: str) -> list[str]:
 
 def render(docs: Path = DOCS) -> str:
     bench = docs / "benchmarks"
-    rows = load_rows(docs / "experiments.jsonl")
+    rows = read_jsonl(docs / "experiments.jsonl")
     by_name = {r["name"]: r for r in rows}
     short = [r for r in rows if r["name"].startswith("short-")]
     full = [r for r in rows if r["name"].startswith("full-") and r["name"] not in PAIR_ROWS]

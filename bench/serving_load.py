@@ -1,15 +1,5 @@
-"""Load test of a served translation model, beside src.infer's own throughput.
-
-    mlflow models serve -m models:/nmt-en-zh@candidate --env-manager local --port 5001 &
-    python -m bench.serving_load --url http://127.0.0.1:5001 --sentences test.en \
-        --onnx models/model.onnx --json serving.json
-
-For every batch size (sentences per request) and number of concurrent clients it sends
-`--requests` requests to `/invocations` and prints p50/p95/p99 latency, sentences per second
-and errors (any non-200 answer or failed connection). With --onnx it also times `src.infer`'s
-translator on the same sentences in this process, so the table shows what HTTP costs. Bounded:
-every request has a timeout, and the run stops after the requests it was given. Run it on an
-idle machine; the server and this script share its cores.
+"""Load test of a served translation model: p50/p95/p99 latency, sent/s and errors per batch
+size and client count, beside src.infer's own throughput (`--onnx`): docs/serving.md.
 """
 
 from __future__ import annotations
@@ -25,12 +15,18 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from bench.common import write_json
+from bench.common import ints, write_json
 from src.core.cli import run_cli
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 FALLBACK = ["How are you?", "I like cats.", "Where is the station?", "It is raining today.",
             "She bought three books yesterday.", "We will meet after work."]
+
+
+def sentence_pool(path: Path | None) -> list[str]:
+    """The non-blank lines of `path`, or FALLBACK where there are none."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path else []
+    return [s for s in lines if s.strip()] or FALLBACK
 
 
 def post(url: str, sentences: list[str], timeout: float) -> tuple[bool, float]:
@@ -95,14 +91,13 @@ def main(
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
 ) -> None:
     """Print p50/p95/p99 latency, sentences/s and errors per batch size and client count."""
-    pool = (sentences.read_text(encoding="utf-8").splitlines() if sentences else FALLBACK)
-    pool = [s for s in pool if s.strip()] or FALLBACK
+    pool = sentence_pool(sentences)
     rows = []
     header = f"{'via':<9} {'batch':>5} {'clients':>7} {'p50 ms':>8} {'p95 ms':>8} " \
              f"{'p99 ms':>8} {'sent/s':>8} {'errors':>6}"
     print(header)
-    for batch in (int(b) for b in batches.split(",")):
-        plans = [("http", c) for c in (int(c) for c in clients.split(","))]
+    for batch in ints(batches):
+        plans = [("http", c) for c in ints(clients)]
         if onnx is not None:
             plans.insert(0, ("src.infer", 1))
         for via, n_clients in plans:

@@ -1,21 +1,5 @@
-"""The served model under load, per ONNX Runtime thread count: a sitting to a JSON file, and the
-table docs/serving.md shows, printed from that file.
-
-    python -m bench.serving_threads run --sentences test.en --threads 1,2 --rounds 3 \
-        --json serving.json                   # `mlflow models serve`, one worker, per count
-    python -m bench.serving_threads table serving.json
-
-`run` serves the registered model (`--model`, default the export's `candidate`) with `mlflow
-models serve` on loopback, one worker, once per thread count per round (`NMT_THREADS`; the
-order swaps every round, so the host's drift hits each count alike), and sends each server the
-load of bench.serving_load: for every batch size and number of concurrent clients, untimed
-warm-up requests, then `--sentences-per-row` sentences in requests of that size. Rows are
-written after each server, so a run cut short keeps what it measured. Not a test: the server and
-this client share the machine's cores, so run it on an otherwise idle machine.
-
-`table` prints, per batch size and client count, each thread count's sentences/s and p50
-latency, lowest-highest over the rounds; a count's throughput is bold where its lowest round
-beats every other count's highest.
+"""The served model under load, per ONNX Runtime thread count: `run` writes a sitting to a JSON
+file, `table` prints the table docs/serving.md shows from it.
 """
 
 from __future__ import annotations
@@ -28,8 +12,8 @@ from pathlib import Path
 
 import typer
 
-from bench.common import commit, cpu_description, markdown_table, write_json
-from bench.serving_load import FALLBACK, load
+from bench.common import commit, cpu_description, ints, markdown_table, span, write_json
+from bench.serving_load import load, sentence_pool
 from src.core import tracking
 from src.core.cli import run_cli
 from src.core.errors import PipelineError
@@ -48,9 +32,8 @@ def requests_for(batch: int, sentences_per_row: int) -> int:
     return max(1, math.ceil(sentences_per_row / batch))
 
 
-def span(values: list[float], digits: int = 1) -> str:
-    low, high = min(values), max(values)
-    return f"{low:.{digits}f}" if low == high else f"{low:.{digits}f}–{high:.{digits}f}"
+def one_decimal(value: float) -> str:
+    return f"{value:.1f}"
 
 
 def render(sitting: dict) -> str:
@@ -72,12 +55,12 @@ def render(sitting: dict) -> str:
         speeds = {n: of(n, cell, "sentences_per_s") for n in counts}
         shown = []
         for n in counts:
-            text = span(speeds[n])
+            text = span(speeds[n], one_decimal)
             others = [max(v) for m, v in speeds.items() if m != n and v]
             if speeds[n] and others and min(speeds[n]) > max(others):
                 text = f"**{text}**"
             shown.append(text)
-        latency = [span(of(n, cell, "p50_ms")) for n in counts]
+        latency = [span(of(n, cell, "p50_ms"), one_decimal) for n in counts]
         body.append([*cell, *shown, *latency])
     header = ["sentences per request", "clients", *(f"{thread_label(n)}: sent/s" for n in counts),
               *(f"{thread_label(n)}: p50 ms" for n in counts)]
@@ -107,8 +90,7 @@ def onnxruntime_version() -> str:
 
 @app.command()
 def run(
-    json_out: Path = typer.Option(..., "--json", help="Write the sitting here (after each "
-                                  "server, so a run cut short keeps its rows)."),
+    json_out: Path = typer.Option(..., "--json", help="Write the sitting here."),
     model: str = typer.Option("models:/nmt-en-zh@candidate", help="The model to serve."),
     sentences: Path = typer.Option(None, help="Source sentences, one per line."),
     threads: str = typer.Option("1,2", help="NMT_THREADS of each server, comma-separated."),
@@ -121,9 +103,8 @@ def run(
     timeout: float = typer.Option(120, min=1, help="Seconds before a request counts as lost."),
 ) -> None:
     """Serve the model once per thread count per round and load it; write the rows."""
-    pool = (sentences.read_text(encoding="utf-8").splitlines() if sentences else FALLBACK)
-    pool = [s for s in pool if s.strip()] or FALLBACK
-    counts = [int(t) for t in threads.split(",")]
+    pool = sentence_pool(sentences)
+    counts = ints(threads)
     # the server runs in a directory of its own: it finds the registry by the URI, not by cwd
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
     sitting = {"command": "python " + " ".join(sys.argv), "commit": commit(),
@@ -135,9 +116,9 @@ def run(
                 try:
                     with model_server(model, Path(work), env | {"NMT_THREADS": str(n_threads)}
                                       ) as (url, _):
-                        for batch in (int(b) for b in batches.split(",")):
+                        for batch in ints(batches):
                             requests = requests_for(batch, sentences_per_row)
-                            for n_clients in (int(c) for c in clients.split(",")):
+                            for n_clients in ints(clients):
                                 if warmup:
                                     load(url, pool, batch, n_clients, warmup, timeout)
                                 row = load(url, pool, batch, n_clients, requests, timeout)

@@ -1,28 +1,5 @@
-"""Training speed beside the Hugging Face peer, in one sitting, appended to
-docs/benchmarks/train_speed_sittings.json (the sittings docs/results.md shows).
-
-Rows, in this order and repeated `--rounds` times: peer fp32, ours fp32, peer bf16, ours bf16,
-each `--minutes` of training at `--threads` threads, one after another so nothing runs beside
-them. `torch.mm` peaks of both precisions are read before and after the rows (bf16's only on a
-CPU that multiplies bf16 natively).
-
-- Ours is the train stage itself (`python -m src.train`) on the workspace's encoded data and
-  tokenizer (run `dvc repro tokenize` first), in a scratch folder whose params.yaml is the
-  workspace's with `train.max_minutes`, `train.precision` and `--set` overrides, tracking off.
-  Its first epoch is the default recipe's bidirectional one. tokens/s: non-pad source + target
-  tokens over the stage's training seconds (train_stats.json).
-- The peer is `peer_train.py --budget-min M --final-limit 50 --thread-test-steps 0 [--bf16]`,
-  run with its own Python (`--peer-python`): without the thread test its whole run is at
-  `--threads`. tokens/s: its SUMMARY_JSON line. Its analytic FLOPs per token (the same dims as
-  ours) give every row's share of its precision's matmul peak.
-
-    python -m bench.train_speed_vs_peer --peer-script PATH/peer_train.py \\
-        --peer-python PATH/bin/python --peer-data PATH/cmn.txt \\
-        --append docs/benchmarks/train_speed_sittings.json
-
-Then `python -m bench.results_page` renders the last sitting (the earlier ones beside it) into
-docs/results.md. Run it on an idle
-machine: two PyTorch processes on two cores slow each other several-fold.
+"""Training speed beside the Hugging Face peer, fp32 and bf16, and the matmul peaks, in one
+sitting appended to docs/benchmarks/train_speed_sittings.json: docs/training_speed.md.
 """
 
 from __future__ import annotations

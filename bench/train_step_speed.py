@@ -1,18 +1,5 @@
-"""Training speed of the train stage's own step, and where its time goes.
-
-Builds the default recipe's batches (concatenation, bidirectional epoch, token batches) from
-`data/tokenized` and `models/tokenizer`, then runs the stage's `Trainer.step` on them: a warm-up,
-then timed steps, reporting tokens/s (non-pad source + target tokens, as the train stage counts)
-and the share of padding. `--profile` prints torch.profiler's top operators by self CPU time.
-
-    python -m bench.train_step_speed --precision fp32 --precision bf16 --steps 150
-    python -m bench.train_step_speed --precision bf16 --profile 30
-    python -m bench.train_step_speed --precision bf16 --epoch 1 --warmup 20 --steps 450 \
-        --window 50 --allocator system     # glibc's malloc slowing down over 450 steps
-    python -m bench.train_step_speed --precision bf16 --epoch 1 --warmup 30 --steps 150 \
-        --without packed-rows              # one lever of the bf16 step off, to measure it alone
-
-Run it on an idle machine: two PyTorch processes on two cores slow each other several-fold.
+"""Tokens/s of the train stage's own `Trainer.step` on the default recipe's batches, its levers
+off or on, and (`--profile`) where its time goes: docs/training_speed.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Translation speed of the trained model: PyTorch without cache, PyTorch with KV cache, ONNX.
-
-Reads models/model.pt, models/model.onnx (and models/model.int8.onnx if present) and the test
-split of data/tokenized; prints a Markdown table of sentences/s and the ratio to PyTorch eager
-without cache, for batch 1 and 32, greedy and beam 4. Every system decodes the same sentences,
-in the same length-sorted batches, with the same search rules and output limit
-(`contract.max_new_tokens`), so they do the same work; greedy outputs are identical across
-systems (export checks it). Ids in, ids out: tokenizing is left out.
-
-    python -m bench.translation_speed                       # everything, 2 threads
-    python -m bench.translation_speed --systems onnx --threads 1,2   # pick infer's default
-    python -m bench.translation_speed --json docs/benchmarks/infer_speed.json  # for results.md
-
-Not a test: timings need an otherwise idle machine. Each system at each thread count is timed
-in a process of its own, the ONNX ones in a process without torch (as `src.infer` and the
-served model run), since one engine's idle worker threads slow another's. Systems:
-  torch-nocache  the full decoder re-run over the whole prefix at every step (no KV cache)
-  torch-cache    src.search (encode once, cross K/V once, self-attention cache)
-  onnx / int8    the single-file model as src.infer runs it (its sessions for one sentence and
-                 for batches, search inside the graph)
+"""Translation speed of the trained model, ids in and out: PyTorch without and with KV cache,
+model.onnx and int8, each system and thread count in a process of its own, sent/s for batch 1
+and 32, greedy and beam 4 (docs/results.md, "Translation speed").
 """
 
 from __future__ import annotations
@@ -197,12 +180,9 @@ def main(
                                 "largest."),
     n: int = typer.Option(256, "--n", help="Sentences for batched runs."),
     n1: int = typer.Option(64, "--n1", help="Sentences for batch-1 runs."),
-    max_seconds: float = typer.Option(60.0, help="Per configuration; stops after the batch "
-                                      "that crosses it."),
-    json_out: Path = typer.Option(None, "--json", help="Also write the rows here "
-                                  "(docs/benchmarks/infer_speed.json feeds bench.results_page)."),
-    model_note: str = typer.Option(None, help="Which model this is, for the JSON (default: "
-                                   "--model's path)."),
+    max_seconds: float = typer.Option(60.0, help="Per configuration."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
+    model_note: str = typer.Option(None, help="Which model this is, for the JSON."),
     worker_spec: Path = typer.Option(None, "--worker", hidden=True),
 ) -> None:
     if worker_spec:

@@ -1,16 +1,5 @@
-"""The page of `python -m src.web build` measured: its weight, a cold load, and sentences per
-second in headless Chromium with one thread and with two, beside native ONNX Runtime on the same
-CPU and file; and how many of the sentences the page translates as Python does.
-
-    python -m src.web build --out site/
-    python -m bench.web_page_speed --site site/ --json docs/benchmarks/web_page.json \
-        --doc docs/web.md --screenshot docs/images/web_page.png
-
-The sentences are the first `--sentences` of the test split (data/tokenized), translated at beam
-4 in the page's and src.infer's batches of 32. Every engine runs in its own process (a fresh
-Chromium per row, a Python process per native row), one after the other, alternating. Not a
-test: timings need an otherwise idle machine. The site is served from this machine, so the cold
-load's download is a local copy's, not a network's.
+"""The page of `python -m src.web build` measured: its weight, a cold load, sentences/s in
+headless Chromium beside native ONNX Runtime, and agreement with Python: docs/web.md.
 """
 
 from __future__ import annotations

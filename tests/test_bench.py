@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench import (
+    common,
     engines_vs_ctranslate2,
     experiments,
     ort_kernels,
@@ -56,9 +57,9 @@ def test_each_recorded_row_shows_the_overrides_its_command_re_runs():
     # The results page prints a row's overrides from docs/experiments.jsonl, and
     # bench.experiments re-runs ROWS: when the defaults change (params.yaml), both must say
     # the same, or the page names a command that trains something else.
-    recorded = experiments.load_results(REPO / "docs" / "experiments.jsonl")
+    recorded = common.read_jsonl(REPO / "docs" / "experiments.jsonl")
     drifted = {r["name"]: r["overrides"] for r in recorded
-               if experiments.ROWS[r["name"]][1] != r["overrides"]}
+               if experiments.ROWS[r["name"]]["overrides"] != r["overrides"]}
     assert not drifted
 
 
