@@ -10,7 +10,7 @@ its output length follows the export's ratio (no --max-length). A file written b
 export (another metadata `format`) is refused: export it again.
 
 Reads the model's metadata_props (special ids, limits, default beam, tokenizer fingerprints;
-the contract lives in src/generation.py, shared with export, the MLflow model and the
+the contract lives in src/runtime/contract.py, shared with export, the MLflow model and the
 benchmarks) and the SentencePiece models in `tokenizer/` beside the model, or --tokenizer.
 Writes one output line per input line (empty lines stay empty) to stdout or --output; warnings
 and the provider that ran go to stderr. With --scores or --n-best, `--format tsv` (the default
