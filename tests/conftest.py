@@ -43,6 +43,17 @@ def toy_tsv(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def sys_path_restored():
+    """Every test leaves sys.path as it found it. mlflow.pyfunc.load_model puts the model's
+    code folder first and never takes it out: a `src` holding only the served modules, which a
+    later test's spawned process (test_distributed's ranks) would then import instead of ours
+    when both files run in one worker (`-n auto --dist loadfile` puts them anywhere)."""
+    before = list(sys.path)
+    yield
+    sys.path[:] = before
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread for a module's tests: tiny models gain nothing from threads, and
