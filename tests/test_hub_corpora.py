@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import zipfile
 
 import pytest
 from conftest import SHARED_DATA
-from helpers import assert_one_line_error, run_stage, scratch_root, write_pairs
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    clean_environ,
+    run_stage,
+    scratch_root,
+    write_pairs,
+)
 from hub_repos import (
     flores_like,
     offline_env,
@@ -285,3 +294,21 @@ def test_max_pairs_of_a_path_corpus_splits_lines_at_newlines_only(tmp_path):
     assert run_stage(root, "download").returncode == 0
     lines = (root / "data/raw/local.tsv").read_bytes().split(b"\n")[:-1]
     assert len(lines) == 5 and all(b"\r end.\t" in line for line in lines)
+
+
+def test_reading_a_hub_corpus_never_imports_torch(tmp_path):
+    """`datasets` imports torch (seconds) for a streamed split where torch is installed, unless
+    told otherwise: the stage reads the rows itself, so it must not pay for it."""
+    cache = tmp_path / "cache"
+    opus_like(cache, PAIRS)
+    root = hub_root(tmp_path, [{"name": "opus", "hub": OPUS | {"revision": "main"}}])
+    code = ("import runpy, sys\nsys.argv = ['download']\n"
+            "try:\n    runpy.run_module('src.download', run_name='__main__')\n"
+            "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
+            "print('torch' in sys.modules)")
+    env = {**clean_environ(), **offline_env(cache), "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert raw_lines(root, "opus") == [f"{en}\t{zh}" for en, zh in PAIRS]
+    assert result.stdout.splitlines()[-1] == "False"

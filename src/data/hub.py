@@ -117,12 +117,18 @@ def _open(snapshot: Snapshot, hub: HubSource, config: str | None):
     import datasets
 
     datasets.disable_progress_bars()
+    # Where torch is installed, `datasets` imports it (~4 s, longer than reading a corpus of
+    # thousands of pairs) to make a streamed split's state shareable with DataLoader workers;
+    # the download stage reads the rows itself and never hands the split to torch.
+    torch_available, datasets.config.TORCH_AVAILABLE = datasets.config.TORCH_AVAILABLE, False
     try:
         return datasets.load_dataset(str(snapshot.folder), name=config or None,
                                      split=hub.split, streaming=True)
     except (ValueError, FileNotFoundError) as exc:
         raise PipelineError(f"{hub.id} ({config or 'default'}, {hub.split}) cannot be read: "
                             f"{str(exc).splitlines()[0]}") from None
+    finally:
+        datasets.config.TORCH_AVAILABLE = torch_available
 
 
 def _columns(dataset) -> dict:
