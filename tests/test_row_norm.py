@@ -3,6 +3,8 @@ into the products (src/graph/row_norm.py): the same numbers, and only where it h
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -23,6 +25,13 @@ def toy(pre_norm: bool) -> Transformer:
                 module.weight.uniform_(0.5, 1.5)
                 module.bias.uniform_(-0.5, 0.5)
     return model
+
+
+@functools.cache
+def exported_decoder(pre_norm: bool):
+    """The toy's decoder step as ONNX, exported once per run (seconds each); tests copy what
+    they change (`fold_row_norms` leaves its input as it was, as a test checks)."""
+    return onnx_graph.export_subgraphs(toy(pre_norm=pre_norm), 18)[1]
 
 
 def ops(model) -> list[str]:
@@ -47,7 +56,7 @@ def step_outputs(decoder, rows: int, threads: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("rows, threads", [(1, 1), (4, 2)])
 def test_a_pre_norm_step_normalizes_rows_without_layer_norms_and_computes_the_same(rows,
                                                                                   threads):
-    _, decoder = onnx_graph.export_subgraphs(toy(pre_norm=True), 18)
+    decoder = exported_decoder(pre_norm=True)
     folded = row_norm.fold_row_norms(decoder)
     # two layers x three sublayers; the final norm feeds the output projection and stays
     assert ops(folded).count("InstanceNormalization") == 6
@@ -64,7 +73,7 @@ def test_a_pre_norm_step_normalizes_rows_without_layer_norms_and_computes_the_sa
 def test_a_post_norm_step_keeps_its_layer_norms():
     """Post-norm: each norm's output is the residual stream too, read by an Add, not only by
     products: nothing to fold into."""
-    _, decoder = onnx_graph.export_subgraphs(toy(pre_norm=False), 18)
+    decoder = exported_decoder(pre_norm=False)
     folded = row_norm.fold_row_norms(decoder)
     assert "InstanceNormalization" not in ops(folded)
     assert ops(folded) == ops(decoder)
