@@ -55,9 +55,7 @@ def open_translator(onnx: Path, tokenizer: Path | None, provider: str, threads: 
     translator = load_translator(onnx, tokenizer, provider, threads)
     if isinstance(translator, TextTranslator):
         translator.check_search(max_length)
-        translator.check_n_best(n_best, beam)
-    else:
-        check_n_best(n_best, beam or translator.default_beam)
+    check_n_best(n_best, beam or translator.default_beam)
     on_cpu = translator.provider == CPU
     print(f"infer: {translator.ran_on}"
           + (f", {threads} thread{'s' * (threads > 1)}" if on_cpu else ""),

@@ -257,10 +257,6 @@ class TextTranslator(LoadedModel):
                                 f"(model.onnx) for --max-length, or write a text model with "
                                 f"other settings (python -m src.text_graph --help)")
 
-    def check_n_best(self, n_best: int, beam: int | None = None) -> None:
-        """Refuse an n-best list longer than the beam (None: the file's)."""
-        check_n_best(n_best, beam or self.default_beam)
-
     @cached_property
     def source(self):
         """The source SentencePiece model from the metadata."""
@@ -294,7 +290,7 @@ class TextTranslator(LoadedModel):
                          n_best: int = 1) -> list[tuple[Scored, ...]]:
         """As `translate`, each line's `n_best` translations with their scores."""
         self.check_search(max_length)
-        self.check_n_best(n_best, beam)
+        check_n_best(n_best, beam or self.default_beam)
         return translate_in_batches(lines, batch_size,
                                     lambda idx: self.run_scored([lines[i] for i in idx], n_best,
                                                                 beam),
