@@ -16,11 +16,10 @@ import psutil
 import typer
 import yaml
 
-from bench.common import REPO, ints, write_json
+from bench.common import REPO, cli_app, ints, run_cli, write_json
 from bench.make_corpus import read_pairs, recombined
-from src.core.cli import run_cli
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 def tree_rss_mb(proc: psutil.Process) -> float:

@@ -16,9 +16,8 @@ from pathlib import Path
 import typer
 import yaml
 
-from bench.common import REPO, commit, cpu_description, write_json
+from bench.common import REPO, cli_app, commit, cpu_description, run_cli, write_json
 from bench.paired_significance import paired_test, read_translations
-from src.core.cli import run_cli
 
 AVERAGED, BEST = "models/model.pt", "models/checkpoints/best.pt"
 # name -> (what it tests, beam, length penalty, model file); the first is the baseline.
@@ -74,7 +73,7 @@ def run_row(root: Path, name: str, out: Path) -> dict:
             "test_sent_s": scores["test"]["sentences_per_s"]}
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

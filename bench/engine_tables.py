@@ -9,8 +9,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import markdown_table, read_sittings, span, write_json
-from src.core.cli import run_cli
+from bench.common import cli_app, markdown_table, read_sittings, run_cli, span, write_json
 
 COST_BOLD_BELOW = 0.97  # a cost of more than 3%
 
@@ -161,7 +160,7 @@ def report(sittings: list[dict]) -> str:
     return "\n\n".join("\n".join(block) for block in blocks if block)
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import REPO, markdown_table, read_jsonl
-from src.core.cli import run_cli
+from bench.common import REPO, cli_app, markdown_table, read_jsonl, run_cli
 from src.core.reports import LENGTH_BUCKETS
 
 # name -> {"what": what it tests, "overrides": its `-S key=value`s}, each row's whole recipe.
@@ -81,7 +80,7 @@ def print_table(rows: list[dict]) -> None:
          for r in rows])))
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

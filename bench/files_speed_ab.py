@@ -11,16 +11,15 @@ from pathlib import Path
 
 import typer
 
-from bench.common import ints, test_split
+from bench.common import cli_app, ints, run_cli, test_split
 from src.core import paths
-from src.core.cli import run_cli
 from src.runtime import generation
 
 FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
 TEXT_FILES = {"fp32": "model.text.onnx", "int8": "model.int8.text.onnx"}
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

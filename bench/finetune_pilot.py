@@ -18,8 +18,7 @@ from pathlib import Path
 import typer
 import yaml
 
-from bench.common import REPO, write_json
-from src.core.cli import run_cli
+from bench.common import REPO, cli_app, run_cli, write_json
 from src.core.errors import PipelineError
 
 SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)=(?P<lr>[0-9.eE+-]+),(?P<warmup>\d+)"
@@ -81,7 +80,7 @@ def row(candidate: dict, root: Path, params: dict) -> dict:
             "valid_loss_by_epoch": [float(r["valid_loss"]) for r in curve]}
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

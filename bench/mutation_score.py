@@ -17,8 +17,7 @@ from pathlib import Path
 import tomllib
 import typer
 
-from bench.common import REPO, markdown_table, write_json
-from src.core.cli import run_cli
+from bench.common import REPO, cli_app, markdown_table, run_cli, write_json
 
 RENAMED = "nmtsrc"
 # Our package's modules and subpackages: `src.` / `src/` is renamed only before one of them, so
@@ -101,7 +100,7 @@ def write_table(doc: Path, rows: list[dict]) -> None:
                    + text[end:], encoding="utf-8")
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

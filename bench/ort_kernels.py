@@ -13,10 +13,9 @@ import numpy as np
 import typer
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.common import cpu_description, write_json
-from src.core.cli import run_cli
+from bench.common import cli_app, cpu_description, run_cli, write_json
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 MS = "com.microsoft"
 
 

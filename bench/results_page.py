@@ -11,8 +11,8 @@ from pathlib import Path
 
 import typer
 
+from bench import common
 from bench.common import REPO, latest_by_cpu, markdown_table, read_jsonl, sittings_of
-from src.core.cli import run_cli
 
 DOCS = REPO / "docs"
 OUT = DOCS / "results.md"
@@ -429,7 +429,7 @@ def render(docs: Path = DOCS) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -445,4 +445,4 @@ def main(check: bool = typer.Option(False, "--check", help="Only compare; exit 1
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

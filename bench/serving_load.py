@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from bench.common import ints, write_json
-from src.core.cli import run_cli
+from bench.common import cli_app, ints, run_cli, write_json
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 FALLBACK = ["How are you?", "I like cats.", "Where is the station?", "It is raining today.",
             "She bought three books yesterday.", "We will meet after work."]
 

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import typer
 
+from bench import common
 from bench.common import commit, cpu_description, ints, markdown_table, span, write_json
 from bench.serving_load import load, sentence_pool
 from src.core import tracking
-from src.core.cli import run_cli
 from src.core.errors import PipelineError
 from src.core.local_servers import ServerDidNotStart, model_server
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False,
-                  help=__doc__.split("\n\n")[0])
+app = common.cli_app(help=__doc__.split("\n\n")[0])
 
 
 def thread_orders(threads: list[int], rounds: int) -> list[list[int]]:
@@ -143,4 +142,4 @@ def table(sitting: Path = typer.Argument(..., help="A file `run --json` wrote.")
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -17,12 +17,12 @@ import torch
 import typer
 import yaml
 
+from bench import common
 from bench.common import REPO, append_sitting, commit, cpu_description, write_json
 from src.core import paths
-from src.core.cli import run_cli
 from src.training.precision import cpu_bf16_feature
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 TRAIN_COMMAND = [sys.executable, "-m", "src.train"]
 # Issue 79's targets: ours bf16 against the peer's fp32, and against our own fp32 (on AMX).
@@ -206,4 +206,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

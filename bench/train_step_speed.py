@@ -16,9 +16,8 @@ import numpy as np
 import torch
 import typer
 
-from bench.common import cpu_description
+from bench.common import cli_app, cpu_description, run_cli
 from src.core import paths
-from src.core.cli import run_cli
 from src.core.params import ModelParams, TrainParams, load_params
 from src.data.batching import make_batch, token_batches
 from src.data.subword import load_tokenizers
@@ -29,7 +28,7 @@ from src.training.resume import ResumeStore
 from src.training.stage import training_corpus
 from src.training.step import Trainer, set_seed
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 def _projection_in_one_product(hidden, weight, labels, eps, rows=256):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 
+from bench import common
 from bench.common import (
     commit,
     cpu_description,
@@ -25,7 +26,6 @@ from bench.common import (
     write_json,
 )
 from src.core import paths
-from src.core.cli import run_cli
 from src.core.special_ids import EOS
 from src.runtime.length_batches import length_batches
 
@@ -164,7 +164,7 @@ def worker(spec: dict) -> list[dict]:
     return rows
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -227,4 +227,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import typer
 
+from bench import common
 from bench.common import REPO, cpu_description, ints, markdown_table, test_split, write_json
-from src.core.cli import run_cli
 from src.core.paths import TOKENIZER
 from src.webpage import site_server, site_writer
 
@@ -166,7 +166,7 @@ def write_doc(doc: Path, result: dict) -> None:
     doc.write_text(f"{head}{MARKER}\n{table(result)}\n{MARKER}{tail}", encoding="utf-8")
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -219,4 +219,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)
