@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import tempfile
 from pathlib import Path
 
 import typer
 
 from bench import common
-from bench.common import commit, cpu_description, ints, markdown_table, span, write_json
+from bench.common import ints, markdown_table, span, write_json
 from bench.serving_load import load, sentence_pool
 from src.core import tracking
 from src.core.errors import PipelineError
@@ -106,9 +105,8 @@ def run(
     counts = ints(threads)
     # the server runs in a directory of its own: it finds the registry by the URI, not by cwd
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
-    sitting = {"command": "python " + " ".join(sys.argv), "commit": commit(),
-               "cpu": cpu_description(flags=True), "onnxruntime": onnxruntime_version(),
-               "model": registered_version(model), "rows": []}
+    sitting = common.record(cpu="cpu", flags=True, onnxruntime=onnxruntime_version(),
+                            model=registered_version(model), rows=[])
     for round_index, order in enumerate(thread_orders(counts, rounds), start=1):
         for n_threads in order:
             with tempfile.TemporaryDirectory() as work:
