@@ -1,5 +1,6 @@
-"""What every tool of bench/ needs, once: the machine, the commit, the test split, sittings
-files, whole JSON writes, the worker-process protocol and the Markdown table.
+"""What every tool of bench/ needs, once: its command line, the machine, the commit, a sitting's
+header, the test split, scratch projects, sittings files, whole JSON writes, the worker-process
+protocol, the Markdown table and the block of a page a tool rewrites.
 
 Imports nothing heavy at module level: a timing worker that must not hold torch imports this.
 """
@@ -9,17 +10,41 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import typer
+import yaml
+
 from src.core import atomic, paths, tracking
+from src.core.cli import run_cli  # noqa: F401  (every tool's entry point, `common.run_cli(app)`)
 from src.core.errors import PipelineError
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout: where `python -m bench.…` runs
 # The int8 and bf16 instructions ONNX Runtime's kernels may use (a kernel row depends on them).
 ISA_FLAGS = ("avx2", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+
+
+def cli_app(**options) -> typer.Typer:
+    """A tool's command line: Typer without shell completion or locals in its tracebacks."""
+    return typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, **options)
+
+
+def command() -> str:
+    """The command line that runs this tool again, as typed: `python -m bench.<tool> …`."""
+    return shlex.join(["python", "-m", f"bench.{Path(sys.argv[0]).stem}", *sys.argv[1:]])
+
+
+def record(cpu: str = "machine", flags: bool = False, **fields) -> dict:
+    """A sitting's header, as every tool writes it: the command, the checkout's commit, the
+    CPU (under the key `cpu`; `flags`: its int8/bf16 flags, see cpu_description) and the date,
+    then `fields`. The CPU's description imports torch: call it after the timed processes."""
+    return {"command": command(), "commit": commit(), cpu: cpu_description(flags),
+            "date": time.strftime("%Y-%m-%d")} | fields
 
 
 def cpu_description(flags: bool = False) -> str:
@@ -55,6 +80,43 @@ def test_split(split_dir: Path = paths.TOKENIZED):
     from datasets import load_from_disk
 
     return load_from_disk(str(split_dir))["test"]
+
+
+def chosen(text: str, known, option: str, what: str) -> list[str]:
+    """The names of a comma list option, each one of `known`, else a usage error naming them."""
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise typer.BadParameter(f"no {what} named {', '.join(unknown)}; the {what}s are "
+                                 f"{', '.join(known)}", param_hint=option)
+    return names
+
+
+def project_env(root: Path) -> dict[str, str]:
+    """The environment of a pipeline stage run on the project at `root` (NMT_ROOT), with no
+    tracking run: a benchmark, not an experiment."""
+    return {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+
+
+def read_params(path: Path) -> dict:
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
+def write_params(path: Path, params: dict) -> None:
+    """`params` as the params.yaml of a scratch project, keys in their order."""
+    Path(path).write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+
+
+def timed(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), the seconds it took)."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def same_share(got: list, expected: list) -> float:
+    """The share of `got` equal to `expected` item by item (0 for none)."""
+    return sum(a == b for a, b in zip(got, expected)) / max(len(got), 1)
 
 
 def write_json(path: Path, doc, indent: int = 2) -> None:
@@ -129,6 +191,17 @@ def markdown_table(header: list, rows: list[list], align: list[str] | None = Non
             else "| " + " | ".join(align) + " |")
     return ["| " + " | ".join(map(str, header)) + " |", rule] + [
         "| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
+
+
+def replace_block(doc: Path, start: str, end: str, body: str) -> None:
+    """Rewrite the block of `doc` between the markers `start` and `end` (one marker may be
+    both) as `body`, the rest of the page as it was."""
+    text = doc.read_text(encoding="utf-8")
+    head, found, rest = text.partition(start)
+    _, found_end, tail = rest.partition(end)
+    if not (found and found_end):
+        raise SystemExit(f"error: {doc} has no {start} ... {end} block")
+    doc.write_text(f"{head}{start}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import psutil
 import typer
-import yaml
 
-from bench.common import REPO, ints, write_json
+from bench import common
+from bench.common import REPO, ints
 from bench.make_corpus import read_pairs, recombined
-from src.core.cli import run_cli
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 def tree_rss_mb(proc: psutil.Process) -> float:
@@ -97,7 +96,7 @@ def hub_snapshot(corpus: Path, cache: Path) -> dict:
 
 def scratch_project(root: Path, corpus: Path, pairs: int, train_steps: int,
                     hub: dict | None = None) -> None:
-    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params = common.read_params(REPO / "params.yaml")
     params["download"]["url"] = str(corpus)
     if hub:
         params["download"].update(url="", corpora=[{"name": "corpus", "hub": hub}])
@@ -105,7 +104,7 @@ def scratch_project(root: Path, corpus: Path, pairs: int, train_steps: int,
     if pairs < 20 * (split["valid_size"] + split["test_size"]):  # tiny runs (the test)
         split.update(valid_size=0.05, test_size=0.05)
     params["train"].update(max_steps=max(train_steps, 1), epochs=1)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    common.write_params(root / "params.yaml", params)
 
 
 @app.command()
@@ -130,7 +129,7 @@ def main(
                                                                         size, 0, ""))
             source_params = hub_snapshot(corpus, root / "hub") if hub else None
             scratch_project(root, corpus, size, train_steps, source_params)
-            env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+            env = common.project_env(root)
             if hub:
                 env |= {"HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1",
                         "HF_HOME": str(root / "hf_home")}
@@ -147,8 +146,8 @@ def main(
                     rows[-1]["same_bytes_as_tsv"] = same
                     print(f"{'':>10} the Hub corpus is the TSV byte for byte: {same}")
     if json_out:
-        write_json(json_out, {"command": " ".join(sys.argv), "rows": rows})
+        common.write_json(json_out, {"command": common.command(), "rows": rows})
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

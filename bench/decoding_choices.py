@@ -5,20 +5,17 @@ test splits, each paired-tested against the default on valid: docs/experiments.m
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import typer
 import yaml
 
-from bench.common import REPO, commit, cpu_description, write_json
+from bench import common
+from bench.common import REPO
 from bench.paired_significance import paired_test, read_translations
-from src.core.cli import run_cli
 
 AVERAGED, BEST = "models/model.pt", "models/checkpoints/best.pt"
 # name -> (what it tests, beam, length penalty, model file); the first is the baseline.
@@ -44,8 +41,7 @@ def evaluate(root: Path, split: str, model: str, out: Path) -> dict:
            "--model-path", str(root / model), "--metrics", str(files["metrics.json"]),
            "--stats", str(files["stats.json"]), "--translations", str(files["translations.tsv"]),
            "--risk-coverage", str(files["risk_coverage.csv"])]
-    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
-    subprocess.run(cmd, cwd=REPO, env=env, check=True)
+    subprocess.run(cmd, cwd=REPO, env=common.project_env(root), check=True)
     return json.loads(files["stats.json"].read_text(encoding="utf-8"))
 
 
@@ -59,7 +55,7 @@ def run_row(root: Path, name: str, out: Path) -> dict:
     settings["evaluate"] |= {"beam_size": beam, "length_penalty": length_penalty}
     print(f"# {name}: {what}", flush=True)
     try:
-        params.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+        common.write_params(params, settings)
         scores = {split: evaluate(root, split, model, out) for split in ("valid", "test")}
     finally:
         params.write_bytes(before)
@@ -74,7 +70,7 @@ def run_row(root: Path, name: str, out: Path) -> dict:
             "test_sent_s": scores["test"]["sentences_per_s"]}
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -85,16 +81,12 @@ def main(
     json_out: Path = typer.Option(None, "--json", help="Write the rows here."),
     model_note: str = typer.Option(None, help="Which model this is, for the JSON."),
 ) -> None:
-    names = [BASELINE] + [n for n in rows.split(",") if n != BASELINE]
-    unknown = [n for n in names if n not in ROWS]
-    if unknown:
-        raise typer.BadParameter(f"unknown rows {unknown}; choose from {', '.join(ROWS)}",
-                                 param_hint="--rows")
+    names = [BASELINE] + [n for n in common.chosen(rows, ROWS, "--rows", "row") if n != BASELINE]
     missing = sorted({ROWS[n][3] for n in names if not (root / ROWS[n][3]).is_file()})
     if missing:
         raise typer.BadParameter(f"{', '.join(missing)} not found under {root}: train first, "
                                  "or leave out the rows that need it", param_hint="--rows")
-    target_lang = yaml.safe_load((root / "params.yaml").read_bytes())["pair"]["target_lang"]
+    target_lang = common.read_params(root / "params.yaml")["pair"]["target_lang"]
     found = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -111,13 +103,11 @@ def main(
             print(f"  {name:<16} valid BLEU {row['valid_bleu']:6.2f}  test BLEU "
                   f"{row['test_bleu']:6.2f}  p {row.get('valid_p_bleu', '-')}", flush=True)
     if json_out:
-        write_json(json_out, {
-            "what": "Decoding and checkpoint choices on one trained model",
-            "command": shlex.join(["python", "-m", "bench.decoding_choices", *sys.argv[1:]]),
-            "model": model_note or str(root), "commit": commit(), "machine": cpu_description(),
-            "date": time.strftime("%Y-%m-%d"), "rows": found}, indent=1)
+        common.write_json(json_out, common.record(
+            what="Decoding and checkpoint choices on one trained model",
+            model=model_note or str(root), rows=found), indent=1)
         print(f"# wrote {json_out}")
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

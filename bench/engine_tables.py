@@ -9,8 +9,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import markdown_table, read_sittings, span, write_json
-from src.core.cli import run_cli
+from bench.common import cli_app, markdown_table, read_sittings, run_cli, span, write_json
 
 COST_BOLD_BELOW = 0.97  # a cost of more than 3%
 
@@ -61,8 +60,24 @@ def quality_line(sittings: list[dict]) -> list[str]:
     return [f"Test split ({sentences} sentences), ours / CTranslate2: {'; '.join(parts)}."]
 
 
-def table_head(first: str, sittings: int, last: tuple = ("worst ratio",)) -> list[str]:
-    return markdown_table([first, *(f"sitting {i + 1}" for i in range(sittings)), *last], [])
+def label(key: tuple) -> str:
+    """(precision, beam, batch[, threads]) -> 'int8 1 32[, 2]'."""
+    return " ".join(map(str, key[:3])) + (f", {key[3]}" if len(key) > 3 else "")
+
+
+def sittings_table(first: str, keys, sittings: list, cell, worst,
+                   last: tuple = ("worst ratio",)) -> list[str]:
+    """A row per key, a column per sitting: `cell(sitting, key)` is (its text, its figure), or
+    None where the sitting lacks the key; then `worst(figures)`, the last columns."""
+    lines = markdown_table([first, *(f"sitting {i + 1}" for i in range(len(sittings))), *last],
+                           [])
+    for key in keys:
+        found = [cell(sitting, key) for sitting in sittings]
+        figures = [f[1] for f in found if f is not None]
+        if figures:
+            lines.append(f"| {label(key)} | " + " | ".join(f[0] if f else "" for f in found)
+                         + f" | {worst(figures)} |")
+    return lines
 
 
 def cell_key(r: dict) -> tuple:
@@ -70,21 +85,14 @@ def cell_key(r: dict) -> tuple:
 
 
 def cell_table(sittings: list[list[dict]]) -> list[str]:
-    keys = sorted({cell_key(r) for rows in sittings for r in rows})
-    lines = table_head("precision, beam, batch, threads", len(sittings))
-    for key in keys:
-        cells, ratios = [], []
-        for rows in sittings:
-            row = next((r for r in rows if cell_key(r) == key), None)
-            if row is None:
-                cells.append("")
-                continue
-            ratios.append(row["ours_vs_ctranslate2"])
-            cells.append(f"{row['ours_sent_per_s']} / {row['ctranslate2_sent_per_s']} "
-                         f"({row['ours_vs_ctranslate2']})")
-        lines.append(f"| {key[0]} {key[1]} {key[2]}, {key[3]} | " + " | ".join(cells)
-                     + f" | {min(ratios)} |")
-    return lines
+    def cell(rows: list[dict], key: tuple):
+        row = next((r for r in rows if cell_key(r) == key), None)
+        return row and (f"{row['ours_sent_per_s']} / {row['ctranslate2_sent_per_s']} "
+                        f"({row['ours_vs_ctranslate2']})", row["ours_vs_ctranslate2"])
+
+    return sittings_table("precision, beam, batch, threads",
+                          sorted({cell_key(r) for rows in sittings for r in rows}), sittings,
+                          cell, min)
 
 
 def best_thread_rows(rows: list[dict]) -> dict[tuple, tuple[float, int, float, int]]:
@@ -102,21 +110,16 @@ def best_thread_rows(rows: list[dict]) -> dict[tuple, tuple[float, int, float, i
 
 
 def best_thread_table(sittings: list[list[dict]]) -> list[str]:
+    def cell(best: dict, key: tuple):
+        if key not in best:
+            return None
+        ours, ot, theirs, tt = best[key]
+        ratio = round(ours / theirs, 2)
+        return f"{ours} ({ot}t) / {theirs} ({tt}t) ({ratio})", ratio
+
     per_sitting = [best_thread_rows(rows) for rows in sittings]
-    keys = sorted({k for best in per_sitting for k in best})
-    lines = table_head("precision, beam, batch", len(sittings))
-    for key in keys:
-        cells, ratios = [], []
-        for best in per_sitting:
-            if key not in best:
-                cells.append("")
-                continue
-            ours, ot, theirs, tt = best[key]
-            ratios.append(round(ours / theirs, 2))
-            cells.append(f"{ours} ({ot}t) / {theirs} ({tt}t) ({ratios[-1]})")
-        lines.append(f"| {key[0]} {key[1]} {key[2]} | " + " | ".join(cells)
-                     + f" | {min(ratios)} |")
-    return lines
+    return sittings_table("precision, beam, batch", sorted({k for b in per_sitting for k in b}),
+                          per_sitting, cell, min)
 
 
 def cost(ratio: float) -> str:
@@ -125,29 +128,23 @@ def cost(ratio: float) -> str:
 
 def score_cost_table(sittings: list[list[dict]]) -> list[str]:
     """Per cell and sitting: scored / plain speed, ours / CTranslate2."""
-    keys = sorted({cell_key(r) for rows in sittings for r in rows})
-    lines = table_head("precision, beam, batch, threads", len(sittings),
-                       ("worst, ours", "worst, CTranslate2",
-                        "with scores, ours / CTranslate2, worst"))
-    for key in keys:
-        cells, worst, speeds = [], {"ours": [], "ctranslate2": []}, []
-        for rows in sittings:
-            cell = {r["engine"]: r for r in rows if cell_key(r) == key}
-            if set(cell) != {"ours", "ctranslate2"}:
-                cells.append("")
-                continue
-            for engine, row in cell.items():
-                worst[engine].append(row["scored_vs_plain"])
-            cells.append(f"{cost(cell['ours']['scored_vs_plain'])} / "
-                         f"{cost(cell['ctranslate2']['scored_vs_plain'])}")
-            speeds.append(round(cell["ours"]["scored_sent_per_s"]
-                                / cell["ctranslate2"]["scored_sent_per_s"], 2))
-        if not speeds:
-            continue
-        lines.append(f"| {key[0]} {key[1]} {key[2]}, {key[3]} | " + " | ".join(cells)
-                     + f" | {cost(min(worst['ours']))} | {cost(min(worst['ctranslate2']))} "
-                     f"| {min(speeds)} |")
-    return lines
+    def cell(rows: list[dict], key: tuple):
+        both = {r["engine"]: r for r in rows if cell_key(r) == key}
+        if set(both) != {"ours", "ctranslate2"}:
+            return None
+        ours, theirs = both["ours"], both["ctranslate2"]
+        return (f"{cost(ours['scored_vs_plain'])} / {cost(theirs['scored_vs_plain'])}",
+                (ours["scored_vs_plain"], theirs["scored_vs_plain"],
+                 round(ours["scored_sent_per_s"] / theirs["scored_sent_per_s"], 2)))
+
+    def worst(figures: list[tuple]) -> str:
+        ours, theirs, speeds = zip(*figures)
+        return f"{cost(min(ours))} | {cost(min(theirs))} | {min(speeds)}"
+
+    return sittings_table("precision, beam, batch, threads",
+                          sorted({cell_key(r) for rows in sittings for r in rows}), sittings,
+                          cell, worst, ("worst, ours", "worst, CTranslate2",
+                                        "with scores, ours / CTranslate2, worst"))
 
 
 def report(sittings: list[dict]) -> str:
@@ -161,7 +158,7 @@ def report(sittings: list[dict]) -> str:
     return "\n\n".join("\n".join(block) for block in blocks if block)
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

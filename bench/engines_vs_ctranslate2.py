@@ -11,7 +11,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,9 +18,8 @@ from types import SimpleNamespace
 import typer
 
 from bench import common
-from bench.common import commit, cpu_description, ints, markdown_table, test_split, write_json
+from bench.common import ints, markdown_table
 from src.core import paths
-from src.core.cli import run_cli
 from src.core.metrics import bleu
 from src.data.subword import decode_ids, drop_broken_bytes
 from src.runtime import contract, generation, placement  # no onnxruntime until a session opens
@@ -32,7 +30,16 @@ FOREIGN = {"ours": ("torch", "ctranslate2"), "ours_baseline": ("torch", "ctransl
            "ctranslate2": ("torch", "onnxruntime")}
 
 
-class Ct2Engine:
+class Engine:
+    """What both engines are asked for besides the lines and the beam, from the worker's spec:
+    `n_best` scored hypotheses, `scores` returned, every output `force_length` tokens."""
+
+    def __init__(self, spec: dict):
+        self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
+        self.force_length = spec.get("force_length")
+
+
+class Ct2Engine(Engine):
     """CTranslate2 behind the same run(lines, beam) interface as ours."""
 
     COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "fp16": "float16"}
@@ -43,6 +50,7 @@ class Ct2Engine:
 
         from src.to_ctranslate2 import ct2_options, pieces
 
+        super().__init__(spec)
         self.options = ct2_options  # imported here, not on each timed call
         tokenizer_dir, meta = Path(spec["tokenizer_dir"]), spec["meta"]
         self.translator = ctranslate2.Translator(
@@ -55,8 +63,6 @@ class Ct2Engine:
         self.target_pieces = pieces(self.target)
         self.eos_piece = self.source.id_to_piece(int(meta["eos_id"]))
         self.meta = meta
-        self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
-        self.force_length = spec.get("force_length")
 
     def run(self, lines: list[str], beam: int) -> list[str]:
         tokens = [self.source.encode(line, out_type=str)[: self.limit() - 1] + [self.eos_piece]
@@ -84,16 +90,15 @@ class Ct2Engine:
         return int(self.meta["max_source_tokens"])
 
 
-class OnnxEngine:
+class OnnxEngine(Engine):
     FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
 
     def __init__(self, spec: dict):
+        super().__init__(spec)
         path = Path(spec["models"]) / self.FILES[spec["precision"]]
         self.translator = generation.load_translator(path, provider=spec["device"],
                                                      threads=spec["threads"],
                                                      warn=lambda _: None)
-        self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
-        self.force_length = spec.get("force_length")
 
     def run(self, lines: list[str], beam: int) -> list[str]:
         if self.force_length:
@@ -131,10 +136,8 @@ def translate_all(engine, lines: list[str], batch_size: int, beam: int,
                   lengths: dict[int, int]):
     """The file through `engine` in src.infer's batches (by source tokens, `lengths`);
     (translations, seconds)."""
-    start = time.perf_counter()
-    out = translate_in_batches(
-        lines, batch_size, lambda idx: engine.run([lines[i] for i in idx], beam), lengths)
-    return out, time.perf_counter() - start
+    return common.timed(translate_in_batches, lines, batch_size,
+                        lambda idx: engine.run([lines[i] for i in idx], beam), lengths)
 
 
 ENGINES = {"ours": OnnxEngine, "ours_baseline": OnnxEngine, "ctranslate2": Ct2Engine}
@@ -229,7 +232,7 @@ class Sitting:
     def __init__(self, args: SimpleNamespace, work: Path):
         self.args, self.work = args, work
         tokenizer_dir = args.models / "tokenizer"
-        test = test_split(args.split_dir)
+        test = common.test_split(args.split_dir)
         self.sources, self.references = list(test["source"]), list(test["target"])
         self.target_lang = json.loads(
             (tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
@@ -283,7 +286,7 @@ class Sitting:
             _, outputs = self.passes(precision, 2, [[beam, 32]], self.sources, 1,
                                      keep_outputs=True)
             ours, theirs = outputs["ours"][f"{beam},32"], outputs["ctranslate2"][f"{beam},32"]
-            same = sum(a == b for a, b in zip(ours, theirs)) / len(ours)
+            same = common.same_share(ours, theirs)
             yield {"kind": "quality", "precision": precision, "beam": beam, "batch": 32,
                    "sentences": len(self.sources),
                    "bleu_ours": bleu(ours, self.references, self.target_lang),
@@ -340,7 +343,7 @@ def run_sitting(args: SimpleNamespace) -> list[dict]:
     return rows
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -373,8 +376,7 @@ def main(
     rows = run_sitting(args)
     print_table(rows)
     if json_out:  # with the command, commit and CPU that produced them
-        write_json(json_out, {"command": "python " + " ".join(sys.argv), "commit": commit(),
-                              "machine": cpu_description(), "rows": rows}, indent=1)
+        common.write_json(json_out, common.record(rows=rows), indent=1)
 
 
 def require_gpu() -> None:
@@ -419,4 +421,4 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import REPO, markdown_table, read_jsonl
-from src.core.cli import run_cli
+from bench.common import REPO, cli_app, markdown_table, read_jsonl, run_cli
 from src.core.reports import LENGTH_BUCKETS
 
 # name -> {"what": what it tests, "overrides": its `-S key=value`s}, each row's whole recipe.
@@ -48,23 +47,13 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) 
         params.write_bytes(before)
     evaluated = read_json(root / "data/eval/stats.json")
     trained = read_json(root / "models/train_stats.json")
-    row = {
-        "name": name,
-        "what": what,
-        "overrides": overrides,
-        "bleu": evaluated.get("bleu"),
-        "chrf": evaluated.get("chrf"),
-        "beam_size": evaluated.get("beam_size"),
-        "train_seconds": trained.get("train_seconds"),
-        "epochs": trained.get("epochs"),
-        "tokens_per_s": trained.get("tokens_per_s"),
-        "n_parameters": trained.get("n_parameters"),
-        "final_valid_bleu": trained.get("final_valid_bleu"),
-        "final_valid_loss": trained.get("final_valid_loss"),
-        # BLEU by source length (evaluate's buckets: <= 6, 7-9, >= 10 words)
-        **{f"bleu_{name}": evaluated.get(f"bleu_{name}") for name, _, _ in LENGTH_BUCKETS},
-        "wall_seconds": round(time.perf_counter() - start, 1),
-    }
+    row = {"name": name, "what": what, "overrides": overrides,
+           **{k: evaluated.get(k) for k in ("bleu", "chrf", "beam_size")},
+           **{k: trained.get(k) for k in ("train_seconds", "epochs", "tokens_per_s",
+                                          "n_parameters", "final_valid_bleu", "final_valid_loss")},
+           # BLEU by source length (evaluate's buckets: <= 6, 7-9, >= 10 words)
+           **{f"bleu_{b}": evaluated.get(f"bleu_{b}") for b, _, _ in LENGTH_BUCKETS},
+           "wall_seconds": round(time.perf_counter() - start, 1)}
     with results.open("a") as fh:
         fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return row
@@ -81,7 +70,7 @@ def print_table(rows: list[dict]) -> None:
          for r in rows])))
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import typer
 
-from bench.common import test_split
+from bench.common import cli_app, run_cli, test_split
 from src.core import paths
-from src.core.cli import run_cli
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 CONTROL = ("BeamSearch", "Loop", "If")
 
 

@@ -6,21 +6,19 @@ the share of identical translations: docs/engines.md.
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 import typer
 
-from bench.common import ints, test_split
+from bench.common import cli_app, ints, run_cli, same_share, test_split, timed
 from src.core import paths
-from src.core.cli import run_cli
 from src.runtime import generation
 
 FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
 TEXT_FILES = {"fp32": "model.text.onnx", "int8": "model.int8.text.onnx"}
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 @app.command(help=__doc__)
@@ -61,15 +59,13 @@ def main(
                     for round_no in range(repeats):
                         order = list(range(len(runs)))
                         for i in order if round_no % 2 == 0 else order[::-1]:
-                            start = time.perf_counter()
-                            outputs[i] = runs[i](lines)
-                            seconds[i].append(time.perf_counter() - start)
+                            outputs[i], taken = timed(runs[i], lines)
+                            seconds[i].append(taken)
                     speeds = "  ".join(f"{name}: {len(lines) / min(s):.1f}"
                                        for name, s in zip(names, seconds))
                     paired = [statistics.median(a / b for a, b in zip(seconds[0], s))
                               for s in seconds[1:]]
-                    same = [sum(a == b for a, b in zip(outputs[0], o)) / len(lines)
-                            for o in outputs[1:]]
+                    same = [same_share(o, outputs[0]) for o in outputs[1:]]
                     print(f"{precision} threads {count} beam {beam or 'as written'} batch "
                           f"{size}: {speeds} "
                           f"sent/s; speed against the first (median of {repeats} rounds): "

@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import typer
-import yaml
 
-from bench.common import REPO, write_json
-from src.core.cli import run_cli
+from bench import common
+from bench.common import REPO
 from src.core.errors import PipelineError
 
 SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)=(?P<lr>[0-9.eE+-]+),(?P<warmup>\d+)"
@@ -50,21 +49,20 @@ def prepare(project: Path, out: Path, candidate: dict, threads: int) -> Path:
     (root / "data/tokenized").symlink_to((project / "data/tokenized").resolve())
     (root / "models/parent").symlink_to((project / "models/parent").resolve())
     shutil.copytree(project / "models/tokenizer", root / "models/tokenizer")
-    params = yaml.safe_load((project / "params.yaml").read_text())
+    params = common.read_params(project / "params.yaml")
     params["finetune"].update({k: v for k, v in candidate.items() if k != "name"})
     if threads:
         params["train"]["threads"] = threads
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    common.write_params(root / "params.yaml", params)
     return root
 
 
 def start(root: Path) -> subprocess.Popen:
     """The train stage on the candidate's copy, its output in train.log (the child keeps the
     file open; ours closes here)."""
-    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
     with open(root / "train.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "src.train"], cwd=REPO, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "-m", "src.train"], cwd=REPO,
+                                env=common.project_env(root), stdout=log, stderr=subprocess.STDOUT)
 
 
 def row(candidate: dict, root: Path, params: dict) -> dict:
@@ -81,7 +79,7 @@ def row(candidate: dict, root: Path, params: dict) -> dict:
             "valid_loss_by_epoch": [float(r["valid_loss"]) for r in curve]}
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -122,11 +120,9 @@ def main(
     if failed:
         first = out / failed[0] / "train.log"
         raise PipelineError(f"{', '.join(failed)} failed; see {first}")
-    rows = [row(c, r, yaml.safe_load((r / "params.yaml").read_text()))
-            for c, r in zip(specs, roots)]
-    report = {"command": "python " + " ".join(sys.argv), "device": "cuda" if on_gpu else "cpu",
-              "rows": rows}
-    write_json(out / "pilot.json", report, indent=1)
+    rows = [row(c, r, common.read_params(r / "params.yaml")) for c, r in zip(specs, roots)]
+    report = {"command": common.command(), "device": "cuda" if on_gpu else "cpu", "rows": rows}
+    common.write_json(out / "pilot.json", report, indent=1)
     for r in rows:
         print(f"{r['candidate']}: lr {r['finetune.lr']:g}, warmup {r['finetune.warmup_steps']}, "
               f"{r['steps']} steps: valid BLEU {r['valid_bleu']}, valid loss "
@@ -134,4 +130,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -13,22 +13,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import typer
-import yaml
 
-from bench.common import (
-    REPO,
-    WorkerFailed,
-    cpu_description,
-    serve_worker,
-    start_worker,
-    test_split,
-    worker_result,
-    write_json,
-)
+from bench import common
+from bench.common import REPO, test_split
 from src.core import failpoints, local_servers, paths
-from src.core.cli import run_cli
 from src.runtime import placement
 
 FILES = ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.text.onnx",
@@ -53,14 +44,14 @@ def no_gpu_reason(pytorch_only: bool = False) -> str:
 def build(root: Path, minutes: float) -> Path:
     """A scratch project from this checkout's params.yaml, trained for `minutes` and exported
     (the checkout is left as it is); returns its root."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params = common.read_params(REPO / "params.yaml")
     params["train"]["max_minutes"] = minutes
     root.mkdir(parents=True, exist_ok=True)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "NMT_ROOT": str(root), "NMT_TRACKING": "off"}
+    common.write_params(root / "params.yaml", params)
     for module in ("download", "split", "tokenize_corpus", "train", "export"):
         print(f"gpu_check: {module}", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", f"src.{module}"], cwd=REPO, env=env, check=True)
+        subprocess.run([sys.executable, "-m", f"src.{module}"], cwd=REPO,
+                       env=common.project_env(root), check=True)
     return root
 
 
@@ -112,15 +103,14 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     for name in present(models, provider, ("model.text.onnx",)):
         translator = generation.load_translator(models / name, None, provider)
         got = translator.translate(texts, batch_size=cfg.batch_size)
-        same = sum(a == b for a, b in zip(got, expected)) / max(len(texts), 1)
+        same = common.same_share(got, expected)
         row = {"check": "parity", "file": name, "provider": provider,
                "parity_sentences": len(texts), "beam_parity": round(same, 4),
                "passed": same >= cfg.min_beam_parity}
         if provider != "cpu":  # the same strings as the file gives on the CPU?
             on_cpu = generation.load_translator(models / name, None, "cpu").translate(
                 texts, batch_size=cfg.batch_size)
-            row["same_as_cpu"] = round(sum(a == b for a, b in zip(got, on_cpu))
-                                       / max(len(texts), 1), 4)
+            row["same_as_cpu"] = round(common.same_share(got, on_cpu), 4)
         rows.append(row)
     return rows
 
@@ -138,9 +128,8 @@ def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
         choice = provider if "int8" not in name else "cpu"  # int8 runs on the CPU by design
         tokenizer = None if "text" in name else models / "tokenizer"
         translator = generation.load_translator(path, tokenizer, choice, warn=lambda _: None)
-        start = time.perf_counter()
-        hyps = translator.translate(list(test["source"]), batch_size=cfg.batch_size)
-        seconds = time.perf_counter() - start
+        hyps, seconds = common.timed(translator.translate, list(test["source"]),
+                                     batch_size=cfg.batch_size)
         rows.append({"check": "bleu", "file": name, "provider": choice,
                      "bleu": bleu(hyps, list(test["target"]), target_lang),
                      "sentences": len(hyps), "sentences_per_s": round(len(hyps) / seconds, 1)})
@@ -155,14 +144,14 @@ def timed_search(model, sources: list[list[int]], search: tuple, device: str
 
     from src.nmt.search import translate_ids
 
-    translate_ids(model, sources[: search[-1]], *search)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    hyps = translate_ids(model, sources, *search)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return hyps, time.perf_counter() - start
+    def search_all(rows: list[list[int]]) -> list:
+        hyps = translate_ids(model, rows, *search)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return hyps
+
+    search_all(sources[: search[-1]])
+    return common.timed(search_all, sources)
 
 
 def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict]:
@@ -182,9 +171,8 @@ def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict
         search = (beam, cfg.length_penalty, cfg.max_length_ratio, cfg.batch_size)
         on_cpu = translate_ids(model.to("cpu"), sources[:n], *search)
         model.to(device)
-        same = sum(a == b for a, b in zip(translate_ids(model, sources[:n], *search), on_cpu))
+        parity = round(common.same_share(translate_ids(model, sources[:n], *search), on_cpu), 4)
         hyps, seconds = timed_search(model, sources, search, device)
-        parity = round(same / max(n, 1), 4)
         rows.append({"check": "search", "device": device, "beam": beam,
                      "batch_size": cfg.batch_size, "cpu_parity": parity,
                      "parity_sentences": min(n, len(sources)),
@@ -198,24 +186,28 @@ TABLE_BATCHES = (1, 32, 256)
 TABLE_ENGINES = ("model.onnx", "model.fp16.onnx", "pytorch")
 
 
-def cell(models: Path, data: Path, device: str, cfg, engine: str, batch: int, beam: int,
-         n: int) -> dict:
-    """One cell of the batch table, in this process: the first `n` test sentences searched in
-    length-sorted batches of `batch`, after one warm-up batch; sentences/s."""
+def cell(spec: dict) -> dict:
+    """One cell of the batch table, in this process (`table_rows` starts it): the first `n`
+    test sentences searched in length-sorted batches of `batch`, after one warm-up batch;
+    sentences/s."""
+    from src.core.params import ExportParams, load_params
     from src.graph import verify
     from src.nmt import checkpoint
     from src.runtime import sessions
 
-    model, _ = checkpoint.load_model(models / "model.pt")
-    test = test_split(data)
-    sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
-    cfg = cfg.model_copy(update={"batch_size": batch, "beam_size": beam})
+    root, device, engine, batch, beam = (Path(spec["root"]), spec["device"], spec["engine"],
+                                         spec["batch"], spec["beam"])
+    model, _ = checkpoint.load_model(root / "models/model.pt")
+    test = test_split(root / "data/tokenized")
+    sources, texts = list(test["source_ids"])[: spec["n"]], list(test["source"])[: spec["n"]]
+    cfg = load_params(ExportParams, path=root / "params.yaml").model_copy(
+        update={"batch_size": batch, "beam_size": beam})
     if engine == "pytorch":
         model.to(device)
         _, seconds = timed_search(model, sources,
                                   (beam, cfg.length_penalty, cfg.max_length_ratio, batch), device)
     else:
-        session = sessions.open_session(models / engine, device)
+        session = sessions.open_session(root / "models" / engine, device)
         verify.translate(session, sources[:batch], texts[:batch], model, cfg)  # warm-up
         _, seconds = verify.translate(session, sources, texts, model, cfg)
     return {"check": "batches", "engine": engine, "device": device, "batch_size": batch,
@@ -259,40 +251,38 @@ def engine_rows(root: Path, device: str, n: int, engine: str, work: Path) -> lis
         for beam in (1, 4):
             spec = {"root": str(root), "device": device, "engine": engine,
                     "batch": batch, "beam": beam, "n": n}
-            # the process's own memory where nvidia-smi lists it, else the GPU's above what
-            # it held before the cell started
-            baseline = gpu_memory_mib(0)[1] if device == "cuda" else None
-            proc = start_worker("bench.gpu_check", spec, work)
-            peak = peak_total = None
-            while True:
-                try:
-                    row = worker_result(proc, timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    if device != "cuda":
-                        continue
-                    held, total = gpu_memory_mib(proc.pid)
-                    if held is not None:
-                        peak = max(peak or 0, held)
-                    if total is not None and baseline is not None:
-                        peak_total = max(peak_total or 0, total - baseline)
-                except WorkerFailed as exc:  # the other cells still run; the row says why
-                    row = {"check": "batches", "engine": engine, "batch_size": batch,
-                           "beam": beam, "error": str(exc)}
-                    break
-            if "error" in row:
-                rows.append(row)
-                print(f"gpu_check: {engine},{batch},{beam} failed: {row['error']}",
-                      file=sys.stderr)
+            try:
+                rows.append(watched_cell(spec, work))
+            except common.WorkerFailed as exc:  # the other cells still run; the row says why
+                rows.append({"check": "batches", "engine": engine, "batch_size": batch,
+                             "beam": beam, "error": str(exc)})
+                print(f"gpu_check: {engine},{batch},{beam} failed: {exc}", file=sys.stderr)
                 continue
-            rows.append({**row,
-                         "peak_gpu_memory_mib": peak if peak is not None else peak_total,
-                         "memory_of": "process" if peak is not None else
-                         "GPU above its use before the cell" if peak_total is not None
-                         else None})
-            print(f"gpu_check: {engine},{batch},{beam}: {row['sentences_per_s']} sentences/s, "
-                  f"peak {rows[-1]['peak_gpu_memory_mib']} MiB", file=sys.stderr)
+            print(f"gpu_check: {engine},{batch},{beam}: {rows[-1]['sentences_per_s']} "
+                  f"sentences/s, peak {rows[-1]['peak_gpu_memory_mib']} MiB", file=sys.stderr)
     return rows
+
+
+def watched_cell(spec: dict, work: Path) -> dict:
+    """A cell's row from its own process, with its peak GPU memory: the process's own where
+    nvidia-smi lists it, else the GPU's above what it held before the cell started."""
+    cuda = spec["device"] == "cuda"
+    baseline = gpu_memory_mib(0)[1] if cuda else None
+    proc = common.start_worker("bench.gpu_check", spec, work)
+    peak = peak_total = None
+    while True:
+        try:
+            row = common.worker_result(proc, timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            held, total = gpu_memory_mib(proc.pid) if cuda else (None, None)
+            if held is not None:
+                peak = max(peak or 0, held)
+            if total is not None and baseline is not None:
+                peak_total = max(peak_total or 0, total - baseline)
+    return {**row, "peak_gpu_memory_mib": peak if peak is not None else peak_total,
+            "memory_of": "process" if peak is not None else
+            "GPU above its use before the cell" if peak_total is not None else None}
 
 
 def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]:
@@ -376,30 +366,31 @@ def train_rows(root: Path, steps: int, work: Path) -> list[dict]:
     return rows
 
 
-CHECKS = ("search", "placement", "parity", "bleu", "batches", "serve", "speed", "train")
-
-
-def available_checks(args: dict) -> list[str]:
-    """The checks this run can make, in order: what `--onnx-only`, `--pytorch-only`, a
-    rehearsal and a 0 that turns one off leave."""
-    if args["pytorch_only"]:
-        planned = ["search"]
-    else:
-        planned = ["placement", "parity", "bleu"]
-        planned += ["batches"] if args["table_sentences"] else []
-        planned += ["serve"] if args["serve_requests"] else []
-    if not (args["rehearse_on_cpu"] or args["pytorch_only"] or args["onnx_only"]):
-        planned.append("speed")
-    if not args["onnx_only"]:
-        planned.append("train")
-    return planned
+# Every check, in the order a run makes them: (whether a run with these options makes it, its
+# rows). `o` holds the options, then the run's models, data, provider, cfg and work folder.
+CHECKS = {
+    "search": (lambda o: o.pytorch_only,
+               lambda o: search_rows(o.models, o.data, o.provider, o.cfg, o.sentences)),
+    "placement": (lambda o: not o.pytorch_only, lambda o: placement_rows(o.models, o.provider)),
+    "parity": (lambda o: not o.pytorch_only,
+               lambda o: parity_rows(o.models, o.data, o.provider, o.cfg, o.sentences)),
+    "bleu": (lambda o: not o.pytorch_only,
+             lambda o: bleu_rows(o.models, o.data, o.provider, o.cfg)),
+    "batches": (lambda o: not o.pytorch_only and o.table_sentences,
+                lambda o: table_rows(o.root, o.provider, o.table_sentences)),
+    "serve": (lambda o: not o.pytorch_only and o.serve_requests,
+              lambda o: serve_rows(o.root, o.provider, o.work, o.serve_requests)),
+    "speed": (lambda o: not (o.rehearse_on_cpu or o.pytorch_only or o.onnx_only),
+              lambda o: speed_rows(o.models, o.data, o.work)),
+    "train": (lambda o: not o.onnx_only, lambda o: train_rows(o.root, o.train_steps, o.work)),
+}
 
 
 def machine_facts(provider: str, onnx: bool) -> dict:
     import torch
 
     machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-               "cpu": cpu_description(flags=True), "torch": torch.__version__,
+               "cpu": common.cpu_description(flags=True), "torch": torch.__version__,
                "provider": provider}
     if onnx:
         import onnxruntime as ort
@@ -408,17 +399,7 @@ def machine_facts(provider: str, onnx: bool) -> dict:
     return machine
 
 
-def cell_worker(spec: dict) -> dict:
-    """A batch-table cell in its own process (`table_rows`)."""
-    from src.core.params import ExportParams, load_params
-
-    root = Path(spec["root"])
-    return cell(root / "models", root / "data/tokenized", spec["device"],
-                load_params(ExportParams, path=root / "params.yaml"), spec["engine"],
-                spec["batch"], spec["beam"], spec["n"])
-
-
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -437,16 +418,13 @@ def main(
     worker_spec: Path = typer.Option(None, "--worker", hidden=True),  # one batch-table cell
 ) -> int:
     if worker_spec:
-        return serve_worker(worker_spec, cell_worker)
+        return common.serve_worker(worker_spec, cell)
     if onnx_only and pytorch_only:
         raise typer.BadParameter("--onnx-only and --pytorch-only leave nothing to check "
                                  "together: pick one")
-    asked = checks.split(",") if checks else []
-    unknown = [name for name in asked if name not in CHECKS]
-    if unknown:
-        raise typer.BadParameter(f"no check named {', '.join(unknown)}; the checks are "
-                                 f"{', '.join(CHECKS)}", param_hint="--checks")
-    available = available_checks(locals())
+    asked = common.chosen(checks or "", CHECKS, "--checks", "check")
+    o = SimpleNamespace(**locals())
+    available = [name for name, (makes, _) in CHECKS.items() if makes(o)]
     left_out = [name for name in asked if name not in available]
     if left_out:
         raise typer.BadParameter(f"{', '.join(left_out)} cannot run with these options (they "
@@ -461,7 +439,7 @@ def main(
     from src.core.params import ExportParams, load_params
 
     provider = "cpu" if rehearse_on_cpu else "cuda"
-    report = {"command": "python " + " ".join(sys.argv), "machine": machine_facts(
+    report = {"command": common.command(), "machine": machine_facts(
         provider, onnx=not pytorch_only), "complete": False, "check_seconds": {}, "rows": []}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
@@ -475,32 +453,23 @@ def main(
                   f"--build-minutes 4", file=sys.stderr)
             return 1
         cfg = load_params(ExportParams, path=root / "params.yaml")
-        run_check = {
-            "search": lambda: search_rows(models, data, provider, cfg, sentences),
-            "placement": lambda: placement_rows(models, provider),
-            "parity": lambda: parity_rows(models, data, provider, cfg, sentences),
-            "bleu": lambda: bleu_rows(models, data, provider, cfg),
-            "batches": lambda: table_rows(root, provider, table_sentences),
-            "serve": lambda: serve_rows(root, provider, work, serve_requests),
-            "speed": lambda: speed_rows(models, data, work),
-            "train": lambda: train_rows(root, train_steps, work),
-        }
+        vars(o).update(root=root, models=models, data=data, provider=provider, cfg=cfg, work=work)
         for name in planned:
             print(f"gpu_check: {name} ...", file=sys.stderr)
             start = time.perf_counter()
             try:
-                report["rows"] += run_check[name]()
+                report["rows"] += CHECKS[name][1](o)
             except (Exception, SystemExit) as exc:  # the next check still runs; the row says why
                 why = str(exc) or type(exc).__name__
                 report["rows"].append({"check": name, "error": " ".join(why.split())})
                 print(f"gpu_check: {name} failed: {why}", file=sys.stderr)
             report["check_seconds"][name] = round(time.perf_counter() - start, 1)
             # on disk after every check: a run stopped halfway keeps what it measured
-            write_json(output, report)
+            common.write_json(output, report)
             failpoints.hit("gpu_check_after_check")
         shutil.rmtree(work / "project", ignore_errors=True)
     report["complete"] = True
-    write_json(output, report)
+    common.write_json(output, report)
     rows = report["rows"]
     failed = [r for r in rows if r.get("passed") is False]
     broken = [r["check"] for r in rows if "error" in r]
@@ -513,4 +482,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import typer
 
-from src.core.cli import run_cli
+from bench import common
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 def read_pairs(path: Path) -> list[tuple[str, str]]:
@@ -52,4 +52,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -17,8 +17,8 @@ from pathlib import Path
 import tomllib
 import typer
 
-from bench.common import REPO, markdown_table, write_json
-from src.core.cli import run_cli
+from bench import common
+from bench.common import REPO, markdown_table
 
 RENAMED = "nmtsrc"
 # Our package's modules and subpackages: `src.` / `src/` is renamed only before one of them, so
@@ -93,15 +93,10 @@ def mutation_table(rows: list[dict]) -> str:
 
 
 def write_table(doc: Path, rows: list[dict]) -> None:
-    text = doc.read_text(encoding="utf-8")
-    start, end = text.find(TABLE_START), text.find(TABLE_END)
-    if start < 0 or end < start:
-        raise SystemExit(f"error: {doc} has no {TABLE_START} ... {TABLE_END} block")
-    doc.write_text(text[:start + len(TABLE_START)] + "\n" + mutation_table(rows) + "\n"
-                   + text[end:], encoding="utf-8")
+    common.replace_block(doc, TABLE_START, TABLE_END, mutation_table(rows))
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -144,12 +139,12 @@ def main(
         print(f"{module:32} {killed:5}/{total:<5} killed  {rows[-1]['score']:5.1f}%  "
               f"survived {counts['survived']}, no tests {counts['no tests']}")
     if json_out:
-        table_rows = merged(json_out, rows, "python " + " ".join(sys.argv))
-        write_json(json_out, table_rows)
+        table_rows = merged(json_out, rows, common.command())
+        common.write_json(json_out, table_rows)
         if doc:
             write_table(doc, table_rows["rows"])
     return run.returncode
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

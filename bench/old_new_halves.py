@@ -11,14 +11,13 @@ from pathlib import Path
 import torch
 import typer
 
-from bench.common import write_json
-from src.core.cli import run_cli
+from bench.common import cli_app, run_cli, write_json
 from src.core.params import EvaluateParams, load_params
 from src.data.subword import load_tokenizers
 from src.evaluate import translate_and_score
 from src.nmt import checkpoint
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 
 
 def halves(old_split: Path, full_split: Path, sample: int, seed: int) -> dict[str, list]:

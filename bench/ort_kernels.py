@@ -13,22 +13,27 @@ import numpy as np
 import typer
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.common import cpu_description, write_json
-from src.core.cli import run_cli
+from bench import common
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 MS = "com.microsoft"
+
+
+def value(name: str, shape, kind: int = TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, kind, shape)
+
+
+def serialized(nodes, name: str, inputs: list, outputs: list, initializers=()) -> bytes:
+    """The model of one graph, opset 18 and Microsoft's contrib operators, as bytes."""
+    graph = helper.make_graph(nodes, name, inputs, outputs, list(initializers))
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)]).SerializeToString()
 
 
 def one_node_model(nodes, inputs: dict[str, int], output_type: int, initializers):
     """A model of `nodes` with float inputs {name: columns} and one output `y`."""
-    graph = helper.make_graph(
-        nodes, "kernel",
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["M", k])
-         for name, k in inputs.items()],
-        [helper.make_tensor_value_info("y", output_type, None)], initializers)
-    return helper.make_model(graph, ir_version=9, opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)]).SerializeToString()
+    return serialized(nodes, "kernel", [value(name, ["M", k]) for name, k in inputs.items()],
+                      [value("y", None, output_type)], initializers)
 
 
 def int8_weight(k: int, n: int):
@@ -70,16 +75,19 @@ def nbits(k: int, n: int, bits: int, block: int) -> bytes:
     return quantizer.model.model.SerializeToString()
 
 
-def best_of(models: dict[str, bytes], feed: dict[str, np.ndarray], calls: int,
-            threads: int = 1) -> dict:
-    """Microseconds per call of each model, the fastest of three passes, models in turn."""
+def cpu_session(model: bytes, threads: int = 1):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    sessions = {name: ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-                for name, model in models.items()}
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def best_of(models: dict[str, bytes], feed: dict[str, np.ndarray], calls: int,
+            threads: int = 1) -> dict:
+    """Microseconds per call of each model, the fastest of three passes, models in turn."""
+    sessions = {name: cpu_session(model, threads) for name, model in models.items()}
     best = dict.fromkeys(sessions, float("inf"))
     for _ in range(3):
         for name, session in sessions.items():
@@ -136,8 +144,6 @@ def topk_rows(vocab: int = 8000) -> list[dict]:
 
 
 def logp_rows(vocab: int = 8000, rows: int = 32) -> list[dict]:
-    import onnxruntime as ort
-
     make = helper.make_node
     pick = make("GatherElements", ["x", "i"], ["g"], axis=1)
     graphs = {
@@ -159,21 +165,14 @@ def logp_rows(vocab: int = 8000, rows: int = 32) -> list[dict]:
             make("SoftmaxCrossEntropyLoss", ["x", "label"], ["nll"], reduction="none"),
             make("Neg", ["nll"], ["p"]), make("Unsqueeze", ["p", "axis"], ["y"])]}
     axis = [numpy_helper.from_array(np.array([1], np.int64), "axis")]
-    models = {}
-    for name, nodes in graphs.items():
-        graph = helper.make_graph(
-            nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", vocab]),
-                          helper.make_tensor_value_info("i", TensorProto.INT64, ["M", 1])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-            axis if "axis" in {i for n in nodes for i in n.input} else [])
-        models[name] = helper.make_model(graph, ir_version=9, opset_imports=[
-            helper.make_opsetid("", 18)]).SerializeToString()
+    models = {name: serialized(nodes, name, [value("x", ["M", vocab]),
+                                             value("i", ["M", 1], TensorProto.INT64)],
+                               [value("y", None)],
+                               axis if "axis" in {i for n in nodes for i in n.input} else [])
+              for name, nodes in graphs.items()}
     logits = features(vocab, rows)["x"] * 4  # spread like a trained model's logits
     feed = {"x": logits, "i": logits.argmax(axis=1, keepdims=True).astype(np.int64)}
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    outputs = {name: ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-               .run(None, feed)[0] for name, model in models.items()}
+    outputs = {name: cpu_session(model).run(None, feed)[0] for name, model in models.items()}
     return [{"table": "logp", "m": rows, "n": vocab, "us": best_of(models, feed, 2000),
              "max_abs_diff": {name: float(np.abs(out - outputs["logsoftmax"]).max())
                               for name, out in outputs.items()}}]
@@ -186,12 +185,9 @@ def repeated_products(k: int, n: int) -> bytes:
     """PRODUCTS fp32 MatMuls of one (k, n) weight, each reading the input: (M, k) -> (M, n)."""
     w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32) * 0.05
     nodes = [helper.make_node("MatMul", ["x", "w"], [f"y{i}"]) for i in range(PRODUCTS)]
-    graph = helper.make_graph(
-        nodes, "products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
-         for i in range(PRODUCTS)], [numpy_helper.from_array(w, "w")])
-    return helper.make_model(graph, ir_version=9, opset_imports=[
-        helper.make_opsetid("", 18)]).SerializeToString()
+    return serialized(nodes, "products", [value("x", ["M", k])],
+                      [value(f"y{i}", None) for i in range(PRODUCTS)],
+                      [numpy_helper.from_array(w, "w")])
 
 
 def one_and_two_threads(table: str, shapes: tuple, build) -> list[dict]:
@@ -225,12 +221,8 @@ def chained_products(k: int, n: int) -> bytes:
     for i in range(PRODUCTS):
         nodes.append(helper.make_node("MatMul", [last, f"w{i}"], [f"y{i}"]))
         last = f"y{i}"
-    graph = helper.make_graph(
-        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
-        [helper.make_tensor_value_info(last, TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
-    return helper.make_model(graph, ir_version=9, opset_imports=[
-        helper.make_opsetid("", 18)]).SerializeToString()
+    return serialized(nodes, "chain", [value("x", ["M", k])], [value(last, None)],
+                      [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
 
 
 def chain_rows() -> list[dict]:
@@ -249,8 +241,7 @@ def idle_search(vocab: int = 8000, heads: int = 4, head_dim: int = 64,
     dims = [ints("first", [0]), ints("second", [1]), ints("one", [1]), ints("heads", [heads]),
             ints("head_dim", [head_dim]), ints("vocab", [vocab])]
     caches = [f"{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
-    as_input = lambda name, shape, kind=TensorProto.FLOAT: (  # noqa: E731
-        helper.make_tensor_value_info(name, kind, shape))
+    as_input = value
     encoder = helper.make_graph(
         [make("Shape", ["encoder_input_ids"], ["shape"]),
          make("Gather", ["shape", "first"], ["rows"], axis=0),
@@ -290,15 +281,13 @@ def idle_search(vocab: int = 8000, heads: int = 4, head_dim: int = 64,
                   eos_token_id=3, pad_token_id=0, decoder_start_token_id=2,
                   no_repeat_ngram_size=0, early_stopping=1, model_type=1,
                   encoder=encoder, decoder=decoder)
-    graph = helper.make_graph(
+    return serialized(
         [search], "idle_search",
         [as_input("input_ids", ["B", "S"], TensorProto.INT32),
          *[as_input(name, [1], TensorProto.INT32) for name in counts],
          as_input("length_penalty", [1]), as_input("repetition_penalty", [1]),
          as_input("attention_mask", ["B", "S"], TensorProto.INT32)],
         [as_input("sequences", None, TensorProto.INT32)])
-    return helper.make_model(graph, ir_version=9, opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)]).SerializeToString()
 
 
 def idle_search_feed(beam: int, max_length: int, source_length: int = 8) -> dict:
@@ -335,20 +324,16 @@ def main(json_out: Path = typer.Option(None, "--json", help="Also write the rows
     """Print one line per shape: microseconds per call of each variant."""
     import onnxruntime as ort
 
-    if table and table not in TABLES:
-        raise typer.BadParameter(f"{table!r} is not one of {', '.join(TABLES)}",
-                                 param_hint="--table")
     rows = []
-    for make_rows in [TABLES[table]] if table else TABLES.values():
-        for row in make_rows():
+    for name in common.chosen(table, TABLES, "--table", "table") or TABLES:
+        for row in TABLES[name]():
             rows.append(row)
             print(json.dumps(row), flush=True)
     if json_out:
-        write_json(json_out, {
-            "command": "python -m bench.ort_kernels" + (f" --table {table}" if table else ""),
-            "onnxruntime": ort.__version__, "cpu": cpu_description(flags=True), "rows": rows},
-            indent=1)
+        common.write_json(json_out, common.record(cpu="cpu", flags=True,
+                                                  onnxruntime=ort.__version__, rows=rows),
+                          indent=1)
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from src.core.cli import run_cli
+from bench import common
 from src.core.metrics import bleu_tokenizer
 
 COLUMNS = ("source", "reference", "hypothesis")
@@ -78,7 +78,7 @@ def verdict(bleu: dict, alpha: float) -> str:
     return f"{better} is better in BLEU (p = {bleu['p_value']:.4f} < {alpha})"
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -113,4 +113,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

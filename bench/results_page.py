@@ -11,8 +11,8 @@ from pathlib import Path
 
 import typer
 
+from bench import common
 from bench.common import REPO, latest_by_cpu, markdown_table, read_jsonl, sittings_of
-from src.core.cli import run_cli
 
 DOCS = REPO / "docs"
 OUT = DOCS / "results.md"
@@ -146,31 +146,24 @@ def decoding_choices(decoding: dict, source: str) -> list[str]:
              "`bench.paired_significance`, "
              f"significance level {ALPHA}), and on the test split; sent/s is evaluate's "
              f"PyTorch search on the test split. Raw numbers: {cite(source)}.", ""]
-    lines += table(["what", "beam", "length penalty", "model file", "valid BLEU",
-                    "on valid, against the default", "test BLEU", "test chrF", "sent/s"],
-                   [[r["what"], r["beam"], r["length_penalty"], f"`{r['model']}`",
-                     r["valid_bleu"], against_default(r), r["test_bleu"], r["test_chrf"],
-                     r["test_sent_s"]] for r in rows])
-    return lines
+    return lines + table(["what", "beam", "length penalty", "model file", "valid BLEU",
+                          "on valid, against the default", "test BLEU", "test chrF", "sent/s"],
+                         [[r["what"], r["beam"], r["length_penalty"], f"`{r['model']}`",
+                           r["valid_bleu"], against_default(r), r["test_bleu"], r["test_chrf"],
+                           r["test_sent_s"]] for r in rows])
 
 
 def short_rows(rows: list[dict]) -> list[str]:
-    lines = [
-        "## Training choices (short runs)",
-        "",
-        "`python -m bench.experiments --rows <name>`: 300 optimizer steps each (about 1.8 "
-        "epochs), test decoded greedily. At 300 steps BLEU is below 1 for every row, so **the "
-        "valid loss ranks them** (per-token NLL without smoothing; comparable only between rows "
-        "with the same vocabulary). A smoke test of each switch, not evidence for the recipe. "
-        "Raw rows: `docs/experiments.jsonl`.",
-        "",
-    ]
-    lines += table(
+    lines = ["## Training choices (short runs)", "",
+             "`python -m bench.experiments --rows <name>`: 300 optimizer steps each (about 1.8 "
+             "epochs), test decoded greedily. At 300 steps BLEU is below 1 for every row, so "
+             "**the valid loss ranks them** (per-token NLL without smoothing; comparable only "
+             "between rows with the same vocabulary). A smoke test of each switch, not evidence "
+             "for the recipe. Raw rows: `docs/experiments.jsonl`.", ""]
+    return lines + table(
         ["row", "what", "overrides", "test BLEU", "chrF", "valid loss", "params"],
         [[r["name"], r["what"], overrides(r), r["bleu"], r["chrf"], r.get("final_valid_loss"),
-          millions(r.get("n_parameters"))] for r in rows],
-    )
-    return lines
+          millions(r.get("n_parameters"))] for r in rows])
 
 
 def spread(by_name: dict[str, dict]) -> str:
@@ -193,26 +186,19 @@ def full_rows(rows: list[dict], by_name: dict[str, dict]) -> list[str]:
     """Full-length runs (`full-*` rows): the recipe's ablation, chosen on valid BLEU."""
     if not rows:
         return []
-    lines = [
-        "## Recipe ablation (full runs)",
-        "",
-        "`python -m bench.experiments --rows <name>`: each row a whole `dvc exp run` of the "
-        "pipeline with the overrides shown on top of the committed `params.yaml`, in fp32. "
-        "Choices are made on **valid BLEU** (greedy, the averaged final model); the test "
-        "columns are beam 4, by source length in words. Raw rows, with how each ran: "
-        "`docs/experiments.jsonl`.",
-        "",
-    ]
+    lines = ["## Recipe ablation (full runs)", "",
+             "`python -m bench.experiments --rows <name>`: each row a whole `dvc exp run` of the "
+             "pipeline with the overrides shown on top of the committed `params.yaml`, in fp32. "
+             "Choices are made on **valid BLEU** (greedy, the averaged final model); the test "
+             "columns are beam 4, by source length in words. Raw rows, with how each ran: "
+             "`docs/experiments.jsonl`.", ""]
     lines += table(
         ["row", "what", "overrides", "valid BLEU", "test BLEU", "<= 6", "7-9", ">= 10", "chrF",
          "epochs", "train min", "commit"],
         [[r["name"], r["what"], overrides(r), r.get("final_valid_bleu"), r["bleu"],
           r.get("bleu_le6w"), r.get("bleu_7to9w"), r.get("bleu_ge10w"), r["chrf"],
-          r.get("epochs"),
-          round(r["train_seconds"] / 60, 1) if r.get("train_seconds") else None,
-          r.get("commit")]
-         for r in rows],
-    )
+          r.get("epochs"), round(r["train_seconds"] / 60, 1) if r.get("train_seconds") else None,
+          r.get("commit")] for r in rows])
     kept = (f"`{DEFAULT_ROW}` is today's recipe (the default run above trains it in the "
             "precision `train.precision: auto` picks); every other row was tried and not kept. "
             if DEFAULT_ROW in by_name else "")
@@ -234,13 +220,11 @@ def pair_rows(rows: list[dict]) -> list[str]:
              "every stage, not quality figures. The en-vi row reads IWSLT'15 tst2012/tst2013 "
              "as `data/iwslt15/tst201N.en` and `.vi` (not in the repository). Raw rows: "
              "`docs/experiments.jsonl`.", ""]
-    lines += table(
+    return lines + table(
         ["row", "what", "overrides", "test BLEU", "chrF", "length of training"],
         [[r["name"], r["what"], overrides(r), r["bleu"], r["chrf"],
           f"{r['overrides']['train.max_steps']} steps" if "train.max_steps" in r["overrides"]
-          else f"{r.get('epochs')} epochs"] for r in rows],
-    )
-    return lines
+          else f"{r.get('epochs')} epochs"] for r in rows])
 
 
 def short_cpu(cpu: str) -> str:
@@ -370,12 +354,10 @@ def translation_speed(speed: dict, source: str) -> list[str]:
              f"{speed['machine']}; {speed['date']}. Raw numbers: {cite(source)}. A cell: "
              "sent/s (x PyTorch without cache). Against CTranslate2, text to text: "
              "[engines.md](engines.md).", ""]
-    lines += table(
+    return lines + table(
         ["system", "threads", *[f"beam {beam}, batch {batch}" for beam, batch in cells]],
         [[system, threads, *[cell(system, threads, *c) for c in cells]]
-         for system, threads in systems],
-    )
-    return lines
+         for system, threads in systems])
 
 
 def samples(bench: Path, title: str, judged: str, sentences: str) -> list[str]:
@@ -387,9 +369,8 @@ def samples(bench: Path, title: str, judged: str, sentences: str) -> list[str]:
              f"translated by {SAMPLES_MODEL}: `python -m src.infer --onnx "
              f"models/model.onnx --input docs/{sentences}` (beam 4); verdicts in "
              f"{cite(judged)}.", ""]
-    lines += table(["English", "model output", "verdict"],
-                   [[r["english"], r["model_output"], r["verdict"]] for r in rows])
-    return lines
+    return lines + table(["English", "model output", "verdict"],
+                         [[r["english"], r["model_output"], r["verdict"]] for r in rows])
 
 
 def render(docs: Path = DOCS) -> str:
@@ -399,28 +380,25 @@ def render(docs: Path = DOCS) -> str:
     short = [r for r in rows if r["name"].startswith("short-")]
     full = [r for r in rows if r["name"].startswith("full-") and r["name"] not in PAIR_ROWS]
     pairs = [by_name[n] for n in PAIR_ROWS if n in by_name]
-    lines = [
-        "# Results",
-        "",
-        "<!-- Generated by `python -m bench.results_page` from docs/experiments.jsonl and "
-        "docs/benchmarks/; edit those, not this file. -->",
-        "",
-        "Measured on 2-core CPU machines without a GPU. Every table names the command behind "
-        "its numbers, the CPU, and the file they come from: `docs/experiments.jsonl` (the "
-        "experiment rows) or a file under `docs/benchmarks/`. The ablation and pair rows "
-        "trained in fp32 on 2-core Intel Xeon or AMD EPYC machines (the CPU was not recorded "
-        "per row).",
-        "",
-    ]
-    lines += default_run(sittings_of(load_json(bench, BENCHMARKS["default"])),
-                         BENCHMARKS["default"])
-    lines += decoding_choices(load_json(bench, BENCHMARKS["decoding"]), BENCHMARKS["decoding"])
-    speed = sittings_of(load_json(bench, BENCHMARKS["train_speed"]))
-    lines += training_speed_by_precision(speed, BENCHMARKS["train_speed"],
-                                         load_json(bench, BENCHMARKS["peer"]), BENCHMARKS["peer"])
-    lines += translation_speed(load_json(bench, BENCHMARKS["infer"]), BENCHMARKS["infer"])
-    lines += continuous_training(load_json(bench, BENCHMARKS["continuous"]),
-                                 BENCHMARKS["continuous"])
+    lines = ["# Results", "",
+             "<!-- Generated by `python -m bench.results_page` from docs/experiments.jsonl and "
+             "docs/benchmarks/; edit those, not this file. -->", "",
+             "Measured on 2-core CPU machines without a GPU. Every table names the command "
+             "behind its numbers, the CPU, and the file they come from: `docs/experiments.jsonl` "
+             "(the experiment rows) or a file under `docs/benchmarks/`. The ablation and pair "
+             "rows trained in fp32 on 2-core Intel Xeon or AMD EPYC machines (the CPU was not "
+             "recorded per row).", ""]
+
+    def section(key: str):  # a file of BENCHMARKS, and its name to cite
+        return load_json(bench, BENCHMARKS[key]), BENCHMARKS[key]
+
+    default, source = section("default")
+    lines += default_run(sittings_of(default), source)
+    lines += decoding_choices(*section("decoding"))
+    speed, source = section("train_speed")
+    lines += training_speed_by_precision(sittings_of(speed), source, *section("peer"))
+    lines += translation_speed(*section("infer"))
+    lines += continuous_training(*section("continuous"))
     lines += full_rows(full, by_name)
     lines += short_rows(short)
     lines += pair_rows(pairs)
@@ -429,7 +407,7 @@ def render(docs: Path = DOCS) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -445,4 +423,4 @@ def main(check: bool = typer.Option(False, "--check", help="Only compare; exit 1
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -5,7 +5,6 @@ size and client count, beside src.infer's own throughput (`--onnx`): docs/servin
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -15,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from bench.common import ints, write_json
-from src.core.cli import run_cli
+from bench.common import cli_app, command, ints, run_cli, timed, write_json
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = cli_app()
 FALLBACK = ["How are you?", "I like cats.", "Where is the station?", "It is raining today.",
             "She bought three books yesterday.", "We will meet after work."]
 
@@ -50,13 +48,16 @@ def summary(latencies: list[float], sentences: int, seconds: float, errors: int)
             "sentences_per_s": round(sentences / max(seconds, 1e-9), 1), "errors": errors}
 
 
+def bodies(pool: list[str], batch: int, requests: int) -> list[list[str]]:
+    """`requests` requests of `batch` sentences each, going round the pool."""
+    return [[pool[(i * batch + j) % len(pool)] for j in range(batch)] for i in range(requests)]
+
+
 def load(url: str, pool: list[str], batch: int, clients: int, requests: int,
          timeout: float) -> dict:
-    bodies = [[pool[(i * batch + j) % len(pool)] for j in range(batch)] for i in range(requests)]
-    start = time.perf_counter()
     with ThreadPoolExecutor(clients) as executor:
-        results = list(executor.map(lambda b: post(url, b, timeout), bodies))
-    seconds = time.perf_counter() - start
+        results, seconds = timed(lambda: list(executor.map(lambda b: post(url, b, timeout),
+                                                           bodies(pool, batch, requests))))
     return summary([t for _, t in results], batch * requests, seconds,
                    sum(not ok for ok, _ in results))
 
@@ -66,14 +67,9 @@ def in_process(onnx: Path, pool: list[str], batch: int, requests: int, threads: 
     from src.runtime.generation import load_translator
 
     translator = load_translator(onnx, threads=threads, warn=lambda _: None)
-    latencies = []
-    start = time.perf_counter()
-    for i in range(requests):
-        sentences = [pool[(i * batch + j) % len(pool)] for j in range(batch)]
-        began = time.perf_counter()
-        translator.translate(sentences, batch_size=32)
-        latencies.append(time.perf_counter() - began)
-    return summary(latencies, batch * requests, time.perf_counter() - start, 0)
+    latencies, seconds = timed(lambda: [timed(translator.translate, sentences, batch_size=32)[1]
+                                        for sentences in bodies(pool, batch, requests)])
+    return summary(latencies, batch * requests, seconds, 0)
 
 
 @app.command()
@@ -93,9 +89,8 @@ def main(
     """Print p50/p95/p99 latency, sentences/s and errors per batch size and client count."""
     pool = sentence_pool(sentences)
     rows = []
-    header = f"{'via':<9} {'batch':>5} {'clients':>7} {'p50 ms':>8} {'p95 ms':>8} " \
-             f"{'p99 ms':>8} {'sent/s':>8} {'errors':>6}"
-    print(header)
+    line = "{:<9} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}".format
+    print(line("via", "batch", "clients", "p50 ms", "p95 ms", "p99 ms", "sent/s", "errors"))
     for batch in ints(batches):
         plans = [("http", c) for c in ints(clients)]
         if onnx is not None:
@@ -107,11 +102,11 @@ def main(
                    else load(url.rstrip("/"), pool, batch, n_clients, requests, timeout))
             row = {"via": via, "batch": batch, "clients": n_clients, "requests": requests} | row
             rows.append(row)
-            print(f"{via:<9} {batch:>5} {n_clients:>7} {row['p50_ms']:>8} {row['p95_ms']:>8} "
-                  f"{row['p99_ms']:>8} {row['sentences_per_s']:>8} {row['errors']:>6}",
+            print(line(via, batch, n_clients, *(row[k] for k in ("p50_ms", "p95_ms", "p99_ms",
+                                                                 "sentences_per_s", "errors"))),
                   flush=True)
     if json_out:
-        write_json(json_out, {"command": " ".join(sys.argv), "rows": rows})
+        write_json(json_out, {"command": command(), "rows": rows})
     if any(r["errors"] for r in rows):
         raise typer.Exit(1)
 

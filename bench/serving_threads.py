@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import tempfile
 from pathlib import Path
 
 import typer
 
-from bench.common import commit, cpu_description, ints, markdown_table, span, write_json
+from bench import common
+from bench.common import ints, markdown_table, span, write_json
 from bench.serving_load import load, sentence_pool
 from src.core import tracking
-from src.core.cli import run_cli
 from src.core.errors import PipelineError
 from src.core.local_servers import ServerDidNotStart, model_server
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False,
-                  help=__doc__.split("\n\n")[0])
+app = common.cli_app(help=__doc__.split("\n\n")[0])
 
 
 def thread_orders(threads: list[int], rounds: int) -> list[list[int]]:
@@ -107,9 +105,8 @@ def run(
     counts = ints(threads)
     # the server runs in a directory of its own: it finds the registry by the URI, not by cwd
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
-    sitting = {"command": "python " + " ".join(sys.argv), "commit": commit(),
-               "cpu": cpu_description(flags=True), "onnxruntime": onnxruntime_version(),
-               "model": registered_version(model), "rows": []}
+    sitting = common.record(cpu="cpu", flags=True, onnxruntime=onnxruntime_version(),
+                            model=registered_version(model), rows=[])
     for round_index, order in enumerate(thread_orders(counts, rounds), start=1):
         for n_threads in order:
             with tempfile.TemporaryDirectory() as work:
@@ -143,4 +140,4 @@ def table(sitting: Path = typer.Argument(..., help="A file `run --json` wrote.")
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

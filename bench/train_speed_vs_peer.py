@@ -5,24 +5,22 @@ sitting appended to docs/benchmarks/train_speed_sittings.json: docs/training_spe
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
 import typer
 import yaml
 
-from bench.common import REPO, append_sitting, commit, cpu_description, write_json
+from bench import common
+from bench.common import REPO, append_sitting, write_json
 from src.core import paths
-from src.core.cli import run_cli
 from src.training.precision import cpu_bf16_feature
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 TRAIN_COMMAND = [sys.executable, "-m", "src.train"]
 # Issue 79's targets: ours bf16 against the peer's fp32, and against our own fp32 (on AMX).
@@ -66,7 +64,7 @@ def workspace_inputs() -> list[tuple[Path, str]]:
 
 def run_ours(precision: str, minutes: float, threads: int, sets: dict[str, str]) -> dict:
     """The train stage for `minutes` of training in a scratch copy of the workspace's inputs."""
-    params = yaml.safe_load(paths.PARAMS.read_text())
+    params = common.read_params(paths.PARAMS)
     overrides = {"train.max_minutes": minutes, "train.precision": precision,
                  "train.threads": threads} | {k: yaml.safe_load(v) for k, v in sets.items()}
     for key, value in overrides.items():
@@ -79,9 +77,9 @@ def run_ours(precision: str, minutes: float, threads: int, sets: dict[str, str])
         for source, rel in workspace_inputs():
             (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
             (scratch / rel).symlink_to(source)
-        (scratch / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        env = os.environ | {"NMT_ROOT": str(scratch), "NMT_TRACKING": "off"}
-        done = subprocess.run(TRAIN_COMMAND, cwd=REPO, env=env, capture_output=True, text=True)
+        common.write_params(scratch / "params.yaml", params)
+        done = subprocess.run(TRAIN_COMMAND, cwd=REPO, env=common.project_env(scratch),
+                              capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"train stage failed:\n{done.stderr[-2000:]}")
         stats = json.loads((scratch / "models" / "train_stats.json").read_text())
@@ -176,8 +174,9 @@ def main(
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     read_peaks()
-    sitting = {
-        "what": (f"Training speed side by side in one sitting, idle machine, {minutes:g} minutes "
+    # the command is in `what`, without the peer's paths: no "command" of this machine's folders
+    sitting = dict(
+        what=(f"Training speed side by side in one sitting, idle machine, {minutes:g} minutes "
                  f"of training each, {threads} threads, same dims (d256, 3+3 layers, FFN 1024, "
                  "shared 8k vocabulary), tokens = non-pad source + target incl. EOS. Peer rows: "
                  "its whole run at that thread count (no thread test). Ours: the train stage on "
@@ -186,18 +185,13 @@ def main(
                  "torch.mm reading of the sitting at that precision. Rows in the order they ran: "
                  f"`python -m bench.train_speed_vs_peer --minutes {minutes:g} --rounds {rounds}"
                  + "".join(f" --set {k}={v}" for k, v in sets.items()) + "`."),
-        "cpu": cpu_description(),
-        "date": date.today().isoformat(),
-        "commit": commit(),
-        "peak_command": f"torch.mm 2048x2048, {threads} threads, best of 10, before and after "
-                        f"the rows ({peaks['fp32']} fp32, "
-                        + (f"{peaks['bf16']} bf16)" if peaks["bf16"]
-                           else "bf16 not timed: the CPU has no native bf16)"),
-        "matmul_peak_gflops": {k: max(v) if v else None for k, v in peaks.items()},
-        "gflop_per_token": round(per_token, 6),
-        "rows": rows,
-        "note": target_note(rows),
-    }
+        cpu=common.cpu_description(), date=time.strftime("%Y-%m-%d"), commit=common.commit(),
+        peak_command=f"torch.mm 2048x2048, {threads} threads, best of 10, before and after "
+                     f"the rows ({peaks['fp32']} fp32, "
+                     + (f"{peaks['bf16']} bf16)" if peaks["bf16"]
+                        else "bf16 not timed: the CPU has no native bf16)"),
+        matmul_peak_gflops={k: max(v) if v else None for k, v in peaks.items()},
+        gflop_per_token=round(per_token, 6), rows=rows, note=target_note(rows))
     print(sitting["note"])
     if json_out:
         write_json(json_out, sitting)
@@ -206,4 +200,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -16,9 +16,8 @@ import numpy as np
 import torch
 import typer
 
-from bench.common import cpu_description
+from bench import common
 from src.core import paths
-from src.core.cli import run_cli
 from src.core.params import ModelParams, TrainParams, load_params
 from src.data.batching import make_batch, token_batches
 from src.data.subword import load_tokenizers
@@ -29,7 +28,7 @@ from src.training.resume import ResumeStore
 from src.training.stage import training_corpus
 from src.training.step import Trainer, set_seed
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 def _projection_in_one_product(hidden, weight, labels, eps, rows=256):
@@ -151,17 +150,15 @@ def main(
         raise typer.BadParameter(f"expected one of {', '.join(ALLOCATOR_CHOICES)}",
                                  param_hint="--allocator")
     for option, names, known in (("--without", without, LEVERS), ("--with", with_, LEVERS_ON)):
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            raise typer.BadParameter(f"{', '.join(unknown)}: expected one of {', '.join(known)}",
-                                     param_hint=option)
+        common.chosen(",".join(names), known, option, "lever")
     use_allocator(allocator, sys.orig_argv)  # as the train stage does
     for _ in range(rounds):
         for name in precision:
             with levers_switched(without, with_):
                 row = run(name, steps, warmup, epoch, profile, threads, overrides, window)
-            row |= {"cpu": cpu_description(), "threads": threads, "torch": torch.__version__,
-                    "epoch": epoch, "allocator": allocator_in_use(), "without": without,
+            row |= {"cpu": common.cpu_description(), "threads": threads,
+                    "torch": torch.__version__, "epoch": epoch,
+                    "allocator": allocator_in_use(), "without": without,
                     "with": with_} | overrides
             print(json.dumps(row))
             if out:
@@ -170,4 +167,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

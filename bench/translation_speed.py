@@ -6,7 +6,6 @@ and 32, greedy and beam 4 (docs/results.md, "Translation speed").
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -14,18 +13,9 @@ from pathlib import Path
 
 import typer
 
-from bench.common import (
-    commit,
-    cpu_description,
-    ints,
-    markdown_table,
-    run_worker,
-    serve_worker,
-    test_split,
-    write_json,
-)
+from bench import common
+from bench.common import ints
 from src.core import paths
-from src.core.cli import run_cli
 from src.core.special_ids import EOS
 from src.runtime.length_batches import length_batches
 
@@ -151,7 +141,7 @@ def worker(spec: dict) -> list[dict]:
             sys.exit(f"translation_speed: torch was imported in the {system} process; "
                      "ONNX Runtime is timed without it")
     n, n1 = spec["n"], spec["n1"]
-    sources = list(test_split(Path(spec["data"]))["source_ids"])[:max(n, n1)]
+    sources = list(common.test_split(Path(spec["data"]))["source_ids"])[:max(n, n1)]
     rows = []
     for beam in ints(spec["beams"]):
         for size in ints(spec["batches"]):
@@ -164,7 +154,7 @@ def worker(spec: dict) -> list[dict]:
     return rows
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -186,12 +176,8 @@ def main(
     worker_spec: Path = typer.Option(None, "--worker", hidden=True),
 ) -> None:
     if worker_spec:
-        return serve_worker(worker_spec, worker)
-    chosen = systems.split(",")
-    unknown = sorted(set(chosen) - set(SYSTEMS))
-    if unknown:
-        raise typer.BadParameter(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}",
-                                 param_hint="--systems")
+        return common.serve_worker(worker_spec, worker)
+    chosen = common.chosen(systems, SYSTEMS, "--systems", "system")
     counts = ints(threads)
     print(f"# cpu_count={os.cpu_count()}; load average before {os.getloadavg()[0]:.2f}",
           flush=True)
@@ -204,20 +190,17 @@ def main(
                 print(f"# skipping int8: {int8} not found (export.quantize: false?)")
                 continue
             for count in [max(counts)] if system in TORCH_SYSTEMS else counts:
-                rows += run_worker("bench.translation_speed",
-                                   spec | {"system": system, "threads": count}, Path(work))
+                rows += common.run_worker("bench.translation_speed",
+                                          spec | {"system": system, "threads": count}, Path(work))
     if json_out:  # the machine's description imports torch: after the timed processes
-        write_json(json_out, {
-            "what": "Translation speed of models/model.onnx and PyTorch, sentences/s on test "
-                    "sentences",
-            "command": shlex.join(["python", "-m", "bench.translation_speed", *sys.argv[1:]]),
-            "commit": commit(), "model": model_note or str(model), "machine": cpu_description(),
-            "date": time.strftime("%Y-%m-%d"),
-            "rows": [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
-                     for r in rows]})
+        common.write_json(json_out, common.record(
+            what="Translation speed of models/model.onnx and PyTorch, sentences/s on test "
+                 "sentences", model=model_note or str(model),
+            rows=[{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
+                  for r in rows]))
         print(f"# wrote {json_out}")
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in rows if r["system"] == "torch-nocache"}
-    print("\n" + "\n".join(markdown_table(
+    print("\n" + "\n".join(common.markdown_table(
         ["system", "threads", "beam", "batch", "sent/s", "tok/s", "x torch-nocache",
          "foreign CPU"],
         [[r["system"], r["threads"], r["beam"], r["batch"], f"{r['sent_s']:.2f}",
@@ -227,4 +210,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)

@@ -11,12 +11,13 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
-from bench.common import REPO, cpu_description, ints, markdown_table, test_split, write_json
-from src.core.cli import run_cli
+from bench import common
+from bench.common import REPO, ints, markdown_table, test_split, write_json
 from src.core.paths import TOKENIZER
 from src.webpage import site_server, site_writer
 
@@ -24,18 +25,24 @@ MARKER = "<!-- web table -->"
 COLD_SENTENCE = "How are you?"
 
 
-def chromium(profile: Path):
+@contextmanager
+def chromium():
+    """A fresh headless Chromium (its own empty profile, so an empty cache), quit after."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    driver.set_script_timeout(3600)
-    return driver
+    with tempfile.TemporaryDirectory(prefix="nmt-chromium-") as profile:
+        options = webdriver.ChromeOptions()
+        options.binary_location = shutil.which("chromium")
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+        driver.set_script_timeout(3600)
+        try:
+            yield driver
+        finally:
+            driver.quit()
 
 
 def page_call(driver, script: str, *args):
@@ -50,24 +57,20 @@ def page_call(driver, script: str, *args):
 def page_row(url: str, lines: list[str], threads: int, beam: int) -> dict:
     """A fresh browser (empty cache): seconds from navigation to the model loaded and to the
     first translation, then sentences/s over `lines` (after that first, warm-up sentence)."""
-    with tempfile.TemporaryDirectory(prefix="nmt-chromium-") as profile:
-        driver = chromium(Path(profile))
-        try:
-            driver.get(f"{url}?threads={threads}")
-            cold = page_call(driver, """
-                await window.nmt.ready; const ready = performance.now();
-                await window.nmt.translate([arguments[0]], {beam: arguments[1]});
-                return {ready, first: performance.now(), isolated: self.crossOriginIsolated};
-            """, COLD_SENTENCE, beam)
-            timed = page_call(driver, """
-                const start = performance.now();
-                const out = await window.nmt.translate(arguments[0], {beam: arguments[1]});
-                return {ms: performance.now() - start, threads: out.threads,
-                        texts: out.results.map((r) => r && r.hypotheses[0].text)};
-            """, lines, beam)
-            version = driver.capabilities.get("browserVersion", "?")
-        finally:
-            driver.quit()
+    with chromium() as driver:
+        driver.get(f"{url}?threads={threads}")
+        cold = page_call(driver, """
+            await window.nmt.ready; const ready = performance.now();
+            await window.nmt.translate([arguments[0]], {beam: arguments[1]});
+            return {ready, first: performance.now(), isolated: self.crossOriginIsolated};
+        """, COLD_SENTENCE, beam)
+        timed = page_call(driver, """
+            const start = performance.now();
+            const out = await window.nmt.translate(arguments[0], {beam: arguments[1]});
+            return {ms: performance.now() - start, threads: out.threads,
+                    texts: out.results.map((r) => r && r.hypotheses[0].text)};
+        """, lines, beam)
+        version = driver.capabilities.get("browserVersion", "?")
     return {"engine": f"Chromium {version}, onnxruntime-web", "threads": timed["threads"],
             "cross_origin_isolated": cold["isolated"],
             "ready_s": round(cold["ready"] / 1000, 2),
@@ -105,24 +108,18 @@ def screenshot(url: str, lines: list[str], path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    with tempfile.TemporaryDirectory(prefix="nmt-chromium-") as profile:
-        driver = chromium(Path(profile))
-        try:
-            driver.set_window_size(1000, 1400)
-            driver.get(url)
-            wait = WebDriverWait(driver, 300)
-            wait.until(lambda d: d.find_element(By.ID, "translate").is_enabled())
-            box = driver.find_element(By.ID, "source")
+    with chromium() as driver:
+        driver.set_window_size(1000, 1400)
+        driver.get(url)
+        wait = WebDriverWait(driver, 300)
+        wait.until(lambda d: d.find_element(By.ID, "translate").is_enabled())
+        for field, text in (("source", "\n".join(lines)), ("nbest", "2")):
+            box = driver.find_element(By.ID, field)
             box.clear()
-            box.send_keys("\n".join(lines))
-            best = driver.find_element(By.ID, "nbest")
-            best.clear()
-            best.send_keys("2")
-            driver.find_element(By.ID, "translate").click()
-            wait.until(lambda d: "per sentence" in d.find_element(By.ID, "status").text)
-            driver.save_screenshot(str(path))
-        finally:
-            driver.quit()
+            box.send_keys(text)
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda d: "per sentence" in d.find_element(By.ID, "status").text)
+        driver.save_screenshot(str(path))
 
 
 def weight(site: Path) -> dict:
@@ -160,13 +157,10 @@ def table(result: dict) -> str:
 
 
 def write_doc(doc: Path, result: dict) -> None:
-    text = doc.read_text(encoding="utf-8")
-    head, _, rest = text.partition(MARKER)
-    _, _, tail = rest.partition(MARKER)
-    doc.write_text(f"{head}{MARKER}\n{table(result)}\n{MARKER}{tail}", encoding="utf-8")
+    common.replace_block(doc, MARKER, MARKER, table(result))
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = common.cli_app()
 
 
 @app.command(help=__doc__)
@@ -195,19 +189,19 @@ def main(
         lines_file = Path(tmp, "lines.en")
         lines_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         for count in ints(threads):
-            rows.append(page_row(url, lines, count, beam))
-            rows.append(native_row(site / config["model"], lines_file, count, beam))
-            print(json.dumps({k: v for k, v in rows[-2].items() if k != "texts"}), flush=True)
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "texts"}), flush=True)
+            for row in (page_row(url, lines, count, beam),
+                        native_row(site / config["model"], lines_file, count, beam)):
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
     if screenshot_out:
         screenshot(url, (REPO / "docs/sample_sentences.en").read_text().splitlines()[:4],
                    screenshot_out)
     httpd.shutdown()
     reference = rows[1]["texts"]  # src.infer's, at the first thread count
     for row in rows:
-        row["same_text"] = f"{sum(a == b for a, b in zip(row.pop('texts'), reference))}" \
-                           f"/{len(reference)}"
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_description(flags=True),
+        same = sum(a == b for a, b in zip(row.pop("texts"), reference))
+        row["same_text"] = f"{same}/{len(reference)}"
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": common.cpu_description(flags=True),
               "model": config["model"], "sentences": len(lines), "beam": beam,
               "weight": weight(site), "rows": rows,
               "file": str(json_out) if json_out else "not saved"}
@@ -219,4 +213,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_cli(app)
+    common.run_cli(app)
