@@ -254,8 +254,6 @@ def speed_sitting(sitting: dict) -> list[str]:
     def share(row: dict) -> str:
         # The peer's analytic FLOPs per token hold for ours too (same dims).
         gflops = sitting["gflop_per_token"] * row["tokens_per_s"]
-        if peak[row["precision"]] is None:
-            return "no peak (not native here)"
         return f"{gflops / peak[row['precision']]:.0%} of {peak[row['precision']]} GFLOP/s"
 
     peer_fp32 = next(r for r in sitting["rows"] if r["system"].endswith("peer")

@@ -368,11 +368,14 @@ def test_training_sitting_runs_the_four_rows_and_reads_the_targets(tmp_path, mon
         "--minutes", "0.5", "--json", str(out)])
     assert result.exit_code == 0, result.output
     sitting = json.loads(out.read_text())
-    assert peaks_read == [torch.float32, torch.float32] and len(sitting["rows"]) == 4
+    assert peaks_read == [torch.float32, torch.float32]
+    assert [(r["system"], r["precision"]) for r in sitting["rows"]] == [
+        ("Hugging Face peer", "fp32"), ("ours", "fp32")]  # no emulated bf16 rows
+    assert sitting["what"].endswith(" No bf16 rows: the CPU has no native bf16.")
     assert sitting["matmul_peak_gflops"] == {"fp32": 100.0, "bf16": None}
     assert sitting["peak_command"].endswith("bf16 not timed: the CPU has no native bf16)")
     rendered = "\n".join(results.training_speed_by_precision([sitting]))
-    assert "| no peak (not native here) |" in rendered
+    assert "| bf16 |" not in rendered and "| 4,000 | 1.33 | 80% of 100.0 GFLOP/s |" in rendered
 
 
 def test_training_sitting_says_which_target_is_missed():
@@ -386,6 +389,13 @@ def test_training_sitting_says_which_target_is_missed():
     assert "ours bf16 / peer fp32 2.03x (target 1.6)" in note
     assert "ours bf16 / ours fp32 1.22x (target 1.3)" in note
     assert note.endswith("1 of 2 met on this CPU.")
+    # a CPU without native bf16: every row of ours trained in fp32, the best of them counts
+    fp32_only = [r | {"precision": "fp32"} if r["system"] == "ours" else r for r in rows]
+    note = bench.target_note(fp32_only, bench.FP32_TARGETS)
+    assert note == ("Targets, best row of each kind: ours fp32 / peer fp32 2.03x (target 1.3): "
+                    "all met on this CPU.")
+    assert bench.target_note(fp32_only).startswith(
+        "Targets, best row of each kind: ours bf16 / peer fp32: no row (target 1.6); ")
 
 
 def test_training_sitting_stops_before_the_peer_runs_when_our_inputs_are_missing(
