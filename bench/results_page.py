@@ -236,19 +236,24 @@ def short_cpu(cpu: str) -> str:
 
 def training_speed_by_precision(all_sittings: list[dict], source: str = "",
                                 peer: dict | None = None, peer_source: str = "") -> list[str]:
-    """Peer and ours in fp32 and bf16, one table for the last sitting on each CPU; shares of
-    each precision's own peak."""
+    """Peer and ours in fp32 and bf16, the last sitting on each CPU: one line per sitting
+    saying how it ran, then one table of their rows; shares of each precision's own peak."""
+    sittings = latest_by_cpu(all_sittings)
     lines = ["## Training speed by precision", "",
-             "The train stage beside the Hugging Face peer, one table for the last sitting on "
-             "each CPU, newest first."
+             "The train stage beside the Hugging Face peer, the last sitting on each CPU, "
+             "newest first."
              + (f" Raw numbers, every sitting: {cite(source)}." if source else "")
              + (" " + peer_quality(peer, peer_source) if peer else ""), ""]
-    for sitting in latest_by_cpu(all_sittings):
-        lines += speed_sitting(sitting)
-    return lines
+    lines += [f"- **{short_cpu(s['cpu'])}**, code at `{s['commit']}`, {s['date']}: "
+              f"{s['what']} CPU: {s['cpu']}. Matmul peaks: `{s['peak_command']}`."
+              for s in sittings]
+    header = ["CPU", "system", "precision", "ranks x threads", "allocator", "tokens/s",
+              "x peer fp32", "share of the precision's matmul peak"]
+    return lines + [""] + table(header, [row for s in sittings for row in speed_rows(s)])
 
 
-def speed_sitting(sitting: dict) -> list[str]:
+def speed_rows(sitting: dict) -> list[list]:
+    """A sitting's rows, each against the sitting's best peer fp32 row."""
     peak = sitting["matmul_peak_gflops"]
 
     def share(row: dict) -> str:
@@ -256,18 +261,12 @@ def speed_sitting(sitting: dict) -> list[str]:
         gflops = sitting["gflop_per_token"] * row["tokens_per_s"]
         return f"{gflops / peak[row['precision']]:.0%} of {peak[row['precision']]} GFLOP/s"
 
-    peer_fp32 = next(r for r in sitting["rows"] if r["system"].endswith("peer")
-                     and r["precision"] == "fp32")["tokens_per_s"]
-    lines = [f"### {short_cpu(sitting['cpu'])}, code at `{sitting['commit']}`", "",
-             f"{sitting['what']} CPU: {sitting['cpu']}; {sitting['date']}. Matmul peaks: "
-             f"`{sitting['peak_command']}`.", ""]
-    header = ["system", "precision", "ranks x threads", "command", "tokens/s", "x peer fp32",
-              "share of the precision's matmul peak"]
-    rows = [[r["system"], r["precision"], r["layout"],
-             f"`{r['command']}`" + (f", {r['allocator']} malloc" if r.get("allocator") else ""),
-             f"{r['tokens_per_s']:,}", f"{r['tokens_per_s'] / peer_fp32:.2f}", share(r)]
+    peer_fp32 = max(r["tokens_per_s"] for r in sitting["rows"]
+                    if r["system"].endswith("peer") and r["precision"] == "fp32")
+    return [[short_cpu(sitting["cpu"]), r["system"], r["precision"], r["layout"],
+             r.get("allocator") or "glibc", f"{r['tokens_per_s']:,}",
+             f"{r['tokens_per_s'] / peer_fp32:.2f}", share(r)]
             for r in sitting["rows"]]
-    return lines + table(header, rows)
 
 
 def peer_quality(peer: dict, source: str) -> str:

@@ -139,8 +139,8 @@ def test_results_page_cites_every_file_it_reads(monkeypatch):
 
 
 def test_results_show_the_last_training_sitting_of_each_cpu(tmp_path):
-    # Training speed: one table per CPU, its last sitting, newest first; earlier sittings on a
-    # CPU stay in the file only.
+    # Training speed: the last sitting of each CPU, newest first, a line on how each ran and
+    # one table of their rows; earlier sittings on a CPU stay in the file only.
     results = results_page
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
@@ -152,13 +152,18 @@ def test_results_show_the_last_training_sitting_of_each_cpu(tmp_path):
     last["commit"] = "abc1234"
     for row in last["rows"]:
         row["tokens_per_s"] = 1000 if row["system"].endswith("peer") else 1500
+    # a second round's peer fp32 row: ours is against the best of them
+    last["rows"].append(dict(last["rows"][0]))
+    last["rows"][0]["tokens_per_s"] = 800
     data["sittings"].append(last)
     path.write_text(json.dumps(data))
     section = results.render(docs).split("## Training speed by precision")[1].split("\n## ")[0]
-    tables = section.split("\n### ")[1:]
-    assert len(tables) == len(cpus)
-    assert tables[0].startswith(results.short_cpu(cpus[0]) + ", code at `abc1234`")
-    ours_fp32 = next(line for line in tables[0].splitlines() if line.startswith("| ours | fp32"))
+    headings = [line for line in section.splitlines() if line.startswith("- **")]
+    newest = results.short_cpu(cpus[0])
+    assert len(headings) == len(cpus)
+    assert headings[0].startswith(f"- **{newest}**, code at `abc1234`, ")
+    ours_fp32 = next(line for line in section.splitlines()
+                     if line.startswith(f"| {newest} | ours | fp32"))
     assert "| 1,500 | 1.50 |" in ours_fp32
     earlier = [one for one in data["sittings"][:-1] if one["cpu"] == cpus[0]]
     assert all(f"`{one['commit']}`" not in section for one in earlier)
@@ -166,8 +171,14 @@ def test_results_show_the_last_training_sitting_of_each_cpu(tmp_path):
     for one in reversed(data["sittings"]):  # each other CPU's last sitting, newest first
         if one["cpu"] not in seen:
             seen.add(one["cpu"])
-            expected.append(f"{results.short_cpu(one['cpu'])}, code at `{one['commit']}`")
-    assert [text.splitlines()[0] for text in tables[1:]] == expected
+            expected.append(f"- **{results.short_cpu(one['cpu'])}**, code at `{one['commit']}`")
+    assert [line.split(", 20")[0] for line in headings[1:]] == expected
+    table_cpus = [line.split(" | ")[0].removeprefix("| ") for line in section.splitlines()
+                  if line.startswith("| ") and not line.startswith(("| CPU", "|---"))]
+    assert list(dict.fromkeys(table_cpus)) == [results.short_cpu(c) for c in
+                                               [cpus[0]] + [c for c in dict.fromkeys(
+                                                   one["cpu"] for one in reversed(
+                                                       data["sittings"])) if c != cpus[0]]]
 
 
 def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
