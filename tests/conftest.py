@@ -54,6 +54,22 @@ def sys_path_restored():
     sys.path[:] = before
 
 
+@pytest.fixture(autouse=True)
+def mlflow_state_restored():
+    """Every test leaves MLflow's process state as it found it: `set_experiment` keeps the
+    experiment's id in the process and in MLFLOW_EXPERIMENT_ID, `set_tracking_uri` exports
+    MLFLOW_TRACKING_URI, and a later test's run in another store would look there for an
+    experiment it does not hold (or a stage it spawns would log to the wrong store)."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        del os.environ[key]
+    os.environ.update(before)
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None:
+        fluent._active_experiment_id = None
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread for a module's tests: tiny models gain nothing from threads, and
