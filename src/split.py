@@ -87,10 +87,12 @@ def main(
                                   for key, value in c.items()})
     print("split: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
     if len(corpora) > 1:
+        corpora_by_name = {corpus.name: corpus for corpus in corpora}
         for name, c in per_corpus.items():
             print(f"  {name}: read {c['read']:,}, kept {c['kept']:,}, duplicates "
                   f"{c['dropped_duplicate']:,}, in the test set {c['dropped_in_test_set']:,}, "
-                  f"train {c['train']:,} x weight = {c['train_weighted']:,}")
+                  f"train {c['train']:,} x weight = {c['train_weighted']:,}"
+                  f"{' (drawn afresh each epoch)' if corpora_by_name[name].per_epoch else ''}")
 
 
 def read_manifest(meta: Path) -> dict:
@@ -106,7 +108,8 @@ def read_manifest(meta: Path) -> dict:
 
 def listed_corpora(raw_dir: Path, manifest: dict) -> list[CorpusFile]:
     """The corpora `download` wrote, in their params order, with their weights."""
-    corpora = [CorpusFile(c["name"], raw_dir / f"{c['name']}.tsv", c["weight"])
+    corpora = [CorpusFile(c["name"], raw_dir / f"{c['name']}.tsv", c["weight"],
+                          c.get("per_epoch", False), c.get("train_only", False))
                for c in manifest["corpora"]]
     for corpus in corpora:
         require_file(corpus.path, "download")

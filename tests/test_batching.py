@@ -185,6 +185,12 @@ def test_an_empty_arrow_column_is_an_empty_ragged_array():
     assert ragged.offsets.tolist() == [0]
 
 
+def test_ragged_take_gives_the_rows_asked_for_in_order_repeats_included():
+    rows = Ragged.from_rows([[1], [2, 3], [], [4, 5, 6]])
+    assert rows.take(np.array([3, 1, 1, 2, 0])).tolist() == [[4, 5, 6], [2, 3], [2, 3], [], [1]]
+    assert rows.take(np.array([], np.int64)).tolist() == []
+
+
 def test_both_sides_are_padded_to_the_length_multiple():
     batch = make_batch([[5] * 9, [6]], [[7] * 3, [8]], max_positions=64, length_multiple=8)
     assert batch.src.shape == (2, 16) and batch.tgt_in.shape == batch.tgt_out.shape == (2, 8)

@@ -121,11 +121,15 @@ def test_a_gzipped_dictionary_becomes_a_corpus_with_its_counts_and_licence(tmp_p
         "1 abbreviation, 1 literal, 1 parenthesised, 1 chinese in gloss, 1 description, 2 too "
         "long; 5 kept without their parenthesised explanation; 1 entries without a Chinese "
         "headword; licence https://creativecommons.org/licenses/by-sa/4.0/")
-    # the split weighs it as any corpus: 0.5 of its 19 pairs train
+    # the split weighs it as any corpus (0.5 of its 19 pairs train) and only ever trains on
+    # it: valid and test are sentences, as without it
+    assert meta["train_only"] is True and "per_epoch" not in meta
     assert run_stage(root, "split").returncode == 0
     stats = json.loads((root / "data/split_stats.json").read_text())
     cedict = stats["corpora"]["cedict"]
-    assert cedict["read"] == 19 and cedict["train_weighted"] == round(0.5 * cedict["train"])
+    assert (cedict["read"], cedict["train"], cedict["valid"], cedict["test"]) == (19, 19, 0, 0)
+    assert cedict["train_weighted"] == round(0.5 * 19)
+    assert stats["n_valid"] == stats["n_test"] == 4
 
 
 def test_a_wheel_holding_the_dictionary_is_read_at_its_member_and_pinned_by_it(tmp_path):
@@ -219,3 +223,14 @@ def test_a_gloss_limit_on_a_corpus_that_is_no_dictionary_is_refused(tmp_path):
     result = run_stage(root, "download")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "corpus 'sentences': max_gloss_words is for format cedict" in result.stderr
+
+
+def test_a_dictionary_is_never_let_into_valid_and_test():
+    from pydantic import ValidationError
+
+    from src.core.params import CorpusSpec
+
+    with pytest.raises(ValidationError, match="corpus 'cedict': a cedict dictionary is always "
+                                              "train_only"):
+        CorpusSpec(name="cedict", url="d.txt", format="cedict", train_only=False)
+    assert CorpusSpec(name="cedict", url="d.txt", format="cedict", train_only=True).train_only

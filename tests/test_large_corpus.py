@@ -60,3 +60,21 @@ def test_tokenize_writes_nothing_into_the_split(toy_root):
     files = sorted(p.name for p in (toy_root / "data/split").rglob("*"))
     assert not [name for name in files if name.startswith("cache-")], files
     assert not list((toy_root / "data").glob(".tokenize-*"))  # the scratch folder is gone
+
+
+def test_the_per_epoch_weights_come_through_encoding_to_the_train_stage(toy_root, tmp_path):
+    """split's `drawn_weight` column (a corpus weighted per epoch) survives tokenize's
+    encoding and is what train reads; a corpus without one reads as None."""
+    import numpy as np
+    from datasets import DatasetDict, load_from_disk
+
+    from src.data import encoding
+    from src.data.batching import load_drawn_weight
+
+    split = load_from_disk(str(toy_root / "data/split"))["train"]
+    weights = np.where(np.arange(len(split)) % 3 == 0, 0.25, 0.0).astype(np.float32)
+    marked = split.add_column("drawn_weight", weights.tolist())
+    encoded = encoding.encode_split(marked, "train", toy_root / "models/tokenizer", tmp_path, 1)
+    DatasetDict({"train": encoded}).save_to_disk(str(tmp_path / "tokenized"))
+    assert load_drawn_weight(tmp_path / "tokenized").tolist() == weights.tolist()
+    assert load_drawn_weight(toy_root / "data/tokenized") is None

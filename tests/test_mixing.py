@@ -4,10 +4,8 @@ set holds. (tests/test_hub_corpora.py runs the same through the download and spl
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
-import numpy as np
 import pytest
 
 from src.core.errors import PipelineError
@@ -23,11 +21,11 @@ def cfg(**kw) -> SplitParams:
 
 
 def corpus(tmp_path, name: str, pairs: list[tuple[str, str]], weight: float = 1.0,
-           extra_lines: tuple[str, ...] = ()) -> CorpusFile:
+           extra_lines: tuple[str, ...] = (), **kind) -> CorpusFile:
     path = tmp_path / f"{name}.tsv"
     lines = [f"{s}\t{t}" for s, t in pairs] + list(extra_lines)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return CorpusFile(name, path, weight)
+    return CorpusFile(name, path, weight, **kind)
 
 
 def pairs_of(table) -> list[tuple[str, str]]:
@@ -36,27 +34,6 @@ def pairs_of(table) -> list[tuple[str, str]]:
 
 def numbered(prefix: str, n: int) -> list[tuple[str, str]]:
     return [(f"{prefix} sentence {i}.", f"{prefix}句子{i}。") for i in range(n)]
-
-
-# -- copies: what one weight does to one corpus's training pairs -------------------------------
-
-@pytest.mark.parametrize("weight, n, whole, extra", [
-    (1.0, 10, 1, 0), (2.0, 10, 2, 0), (0.5, 10, 0, 5), (2.25, 8, 2, 2), (0.0, 7, 0, 0),
-    (1.5, 3, 1, 2),  # round(1.5) = 2: Python rounds half to even
-])
-def test_copies_take_the_whole_part_for_every_pair_and_the_fraction_for_a_seeded_sample(
-        weight, n, whole, extra):
-    times = mixing.copies(n, weight, random.Random(1))
-    assert times.dtype == np.int64 and len(times) == n
-    assert Counter(times.tolist()) == Counter({whole: n - extra, whole + 1: extra} if extra
-                                              else {whole: n})
-
-
-def test_copies_sample_depends_on_the_seed_only():
-    a = mixing.copies(100, 0.3, random.Random("0/news"))
-    assert (a == mixing.copies(100, 0.3, random.Random("0/news"))).all()
-    assert (a != mixing.copies(100, 0.3, random.Random("0/web"))).any()
-    assert mixing.copies(0, 0.5, random.Random(0)).tolist() == []
 
 
 # -- mix: the parts and the counts -------------------------------------------------------------
@@ -183,3 +160,46 @@ def test_a_last_corpus_that_adds_nothing_still_gets_its_counts(tmp_path):
     got = mix([first, echo], PAIR, cfg()).counts["echo"]
     assert got["read"] == 5 and got["dropped_duplicate"] == 5
     assert got["kept"] == got["train"] == got["train_weighted"] == 0
+
+
+# -- a corpus weighted per epoch, a corpus that only trains ------------------------------------
+
+def test_a_corpus_weighted_per_epoch_is_written_once_and_marked_with_its_weight(tmp_path):
+    news = corpus(tmp_path, "news", numbered("news", 40))
+    words = corpus(tmp_path, "words", numbered("word", 30), weight=0.2, per_epoch=True)
+    mixed = mix([news, words], PAIR, cfg())
+    train = mixed.parts["train"]
+    marks = dict(zip(pairs_of(train), train["drawn_weight"].to_pylist()))
+    assert len(marks) == train.num_rows  # each pair once: the weight is not applied here
+    counts = mixed.counts
+    assert counts["news"]["train"] + counts["words"]["train"] == train.num_rows
+    assert sorted(set(marks.values())) == [0.0, pytest.approx(0.2)]
+    assert sum(mark > 0 for mark in marks.values()) == counts["words"]["train"]
+    assert all(mark == 0 for pair, mark in marks.items() if pair[0].startswith("news"))
+    # counted as one epoch draws it
+    assert counts["words"]["train_weighted"] == round(0.2 * counts["words"]["train"])
+    # without such a corpus the part is the two text columns it always was
+    plain = mix([news, corpus(tmp_path, "words", numbered("word", 30), 0.2)], PAIR, cfg())
+    assert plain.parts["train"].column_names == ["source", "target"]
+
+
+def test_a_train_only_corpus_leaves_valid_and_test_as_the_others_make_them(tmp_path):
+    news = numbered("news", 40)
+    without = mix([corpus(tmp_path, "news", news)], PAIR, cfg())
+    valid = pairs_of(without.parts["valid"])
+    # the dictionary holds a valid source with another translation: it never trains
+    words = numbered("word", 30) + [(valid[0][0], "另一个")]
+    mixed = mix([corpus(tmp_path, "news", news),
+                 corpus(tmp_path, "words", words, train_only=True)], PAIR, cfg())
+    assert pairs_of(mixed.parts["valid"]) == valid
+    assert pairs_of(mixed.parts["test"]) == pairs_of(without.parts["test"])
+    got = mixed.counts["words"]
+    assert (got["valid"], got["test"], got["train"], got["dropped_in_test_set"]) == (0, 0, 30, 1)
+    assert (valid[0][0], "另一个") not in pairs_of(mixed.parts["train"])
+
+
+def test_only_train_only_corpora_is_one_line(tmp_path):
+    words = corpus(tmp_path, "words", numbered("word", 30), train_only=True)
+    with pytest.raises(PipelineError, match="^every corpus is train_only: valid and test need "
+                                            "one that is not$"):
+        mix([words], PAIR, cfg())

@@ -86,6 +86,28 @@ def test_concatenation_is_drawn_afresh_each_epoch_from_the_seed():
     assert len(plain) == 200 and np.array_equal(plain.lengths()[0], data[0].lengths())
 
 
+def test_a_corpus_weighted_per_epoch_shows_a_new_share_of_its_pairs_each_epoch():
+    """Pairs 0-3 train every epoch; pairs 4-23, a corpus at weight 0.25 per epoch, five at a
+    time, other ones each epoch and the same ones for a resumed run."""
+    data = (ragged([[i] for i in range(24)]), ragged([[100 + i] for i in range(24)]))
+    drawn = np.array([0.0] * 4 + [0.25] * 20, np.float32)
+    corpus = TrainingCorpus(data, seed=0, drawn_weight=drawn, bidirectional_epochs=1)
+
+    def pairs(epoch: int) -> list[tuple[int, int]]:
+        got = corpus.epoch(epoch)
+        return [(got.source(i)[0], got.target(i)[0]) for i in range(len(got))]
+
+    both_ways = pairs(0)
+    assert len(both_ways) == 18 and both_ways[9:] == [(t, s) for s, t in both_ways[:9]]
+    epochs = [pairs(epoch) for epoch in (1, 2)]
+    for got in epochs:
+        assert got[:4] == [(i, 100 + i) for i in range(4)]
+        assert len(got) == 9 and all(4 <= s < 24 and t == 100 + s for s, t in got[4:])
+    assert epochs[0][4:] != epochs[1][4:]
+    resumed = TrainingCorpus(data, seed=0, drawn_weight=drawn, bidirectional_epochs=1)
+    assert resumed.epoch(2).sources.tolist() == corpus.epoch(2).sources.tolist()
+
+
 def test_an_epoch_counted_at_start_up_is_not_built_again_to_train_on(monkeypatch):
     data = (ragged([[i] for i in range(20)]), ragged([[i] for i in range(20)]))
     corpus = TrainingCorpus(data, seed=0, concat_ratio=0.5, bidirectional_epochs=2)

@@ -114,7 +114,8 @@ class HubSource(Entry):
 
 class CorpusSpec(Entry):
     """One training corpus: a name, exactly one source (`url` or `hub`), and its weight in the
-    mix (see src/data/mixing.py: each kept training pair is taken `weight` times)."""
+    mix (see src/data/mixing.py: each kept training pair is taken `weight` times, in the data
+    or, with `per_epoch`, drawn by the train stage each epoch)."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=64)
     url: str = ""  # as download.url: zip, TSV, or one file per language with {lang}
@@ -122,6 +123,12 @@ class CorpusSpec(Entry):
     member: str = ""  # file inside a zip; "" picks the largest .txt/.tsv member
     sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")  # pins this corpus's TSV
     weight: float = Field(1.0, gt=0)
+    # true: the weight is drawn afresh each epoch (train.seed, epoch) instead of fixed in the
+    # data, so at a weight below 1 a large corpus (a dictionary) shows a new part every epoch
+    per_epoch: bool = False
+    # true: only ever in the training part, never in valid or test (a cedict dictionary always
+    # is: its entries are words, not the sentences the valid and test splits measure)
+    train_only: bool = False
     max_pairs: int = Field(0, ge=0)  # > 0: a seeded sample of this many lines, in corpus order
     seed: int = 0  # the sample's seed
     # tsv: a corpus of pairs; cedict: CC-CEDICT's text (plain or gzip), each English gloss
@@ -131,6 +138,9 @@ class CorpusSpec(Entry):
 
     @model_validator(mode="after")
     def _one_source(self):
+        if self.format == "cedict" and "train_only" in self.model_fields_set and not \
+                self.train_only:
+            raise ValueError(f"corpus '{self.name}': a cedict dictionary is always train_only")
         if bool(self.url) == bool(self.hub):
             raise ValueError(f"corpus '{self.name}' needs exactly one source: url or hub")
         if self.format == "cedict" and "{lang}" in self.url:
@@ -165,6 +175,9 @@ class TestSetSpec(Entry):
 
     @model_validator(mode="after")
     def _one_source(self):
+        if self.format == "cedict" and "train_only" in self.model_fields_set and not \
+                self.train_only:
+            raise ValueError(f"corpus '{self.name}': a cedict dictionary is always train_only")
         given = [k for k in ("url", "hub", "sacrebleu") if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(f"test set '{self.name}' needs exactly one source: url, hub or "

@@ -1,6 +1,6 @@
 """What one epoch trains on: the corpus, with subwords re-sampled and pairs joined from it.
 
-Two data-side regularisers for small corpora, each off at 0 and drawn afresh each epoch from
+Data-side regularisers for small corpora, each off at 0 and drawn afresh each epoch from
 (train.seed, epoch), so a resumed run and every data-parallel rank see the same pairs. Only
 the train split is ever changed; valid, test and inference keep the best segmentation.
 
@@ -13,6 +13,9 @@ the train split is ever changed; valid, test and inference keep the best segment
   data-parallel ranks disagree.
 * **Concatenation augmentation** (`train.concat_ratio`): extra pairs that join two random
   training pairs on both sides (`EpochPairs`).
+* **Corpora weighted per epoch** (a corpus's `per_epoch: true`, src/data/mixing.py): each
+  epoch takes a new seeded share of their rows, so a dictionary at weight 0.1 shows a
+  different tenth of its entries every epoch.
 * **Bidirectional training** (`train.bidirectional_epochs`; Ding et al., "Improving Neural
   Machine Translation by Bidirectional Training", EMNLP 2021): the first epochs also train on
   every pair reversed (target -> source), so the shared vocabulary and both embeddings learn
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 
 from src.data.batching import Ragged
+from src.data.corpus_weights import epoch_copies
 from src.data.subword import EOS, UNK
 
 # Segmentation candidates per sentence (Kudo's l-best sampling, l = 32): short sentences have
@@ -123,12 +127,7 @@ class Segmentations:
         owner = np.repeat(np.arange(len(self.first) - 1), np.diff(self.first))
         # candidates sorted by (sentence, key): each sentence's last one has the largest key
         order = np.lexsort((keys, owner))
-        chosen = order[self.first[1:] - 1]
-        lengths = np.diff(self.offsets)[chosen]
-        offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        take = np.repeat(self.offsets[chosen] - offsets[:-1], lengths) + np.arange(offsets[-1])
-        return Ragged(self.values[take], offsets)
+        return Ragged(self.values, self.offsets).take(order[self.first[1:] - 1])
 
 
 def both_directions(sources: Ragged, targets: Ragged) -> tuple[Ragged, Ragged]:
@@ -150,6 +149,8 @@ class TrainingCorpus:
     subword_alpha: float = 0.0
     candidates: tuple[Segmentations, Segmentations] | None = None  # for subword_alpha > 0
     bidirectional_epochs: int = 0  # epochs 0..N-1 also train on the reversed pairs
+    # per row: its corpus's weight where that corpus is drawn per epoch, else 0 (None: none is)
+    drawn_weight: np.ndarray | None = None
     # The last epoch built: train counts the first epoch's steps at start-up, then trains on
     # it; sampling 1M sentences' subwords or doubling them twice would cost a minute.
     _last: tuple[int, EpochPairs] | None = field(default=None, repr=False)
@@ -164,6 +165,10 @@ class TrainingCorpus:
         if self.subword_alpha > 0:
             rng = np.random.default_rng((self.seed, epoch, 1))
             sources, targets = (side.sample(self.subword_alpha, rng) for side in self.candidates)
+        if self.drawn_weight is not None:
+            times = epoch_copies(self.drawn_weight, (self.seed, epoch))
+            rows = np.repeat(np.arange(len(times)), times)
+            sources, targets = sources.take(rows), targets.take(rows)
         if epoch < self.bidirectional_epochs:
             sources, targets = both_directions(sources, targets)
         return EpochPairs(sources, targets,

@@ -147,6 +147,14 @@ class Ragged:
     def tolist(self) -> list[list[int]]:
         return [self[i].tolist() for i in range(len(self))]
 
+    def take(self, rows: np.ndarray) -> Ragged:
+        """Rows `rows` in that order (a row may come several times), as a new array."""
+        lengths = np.diff(self.offsets)[rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        gather = np.repeat(self.offsets[rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Ragged(self.values[gather], offsets)
+
     @classmethod
     def from_rows(cls, rows: list[list[int]]) -> Ragged:
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -181,3 +189,14 @@ def load_encoded(directory, split: str) -> tuple[Ragged, Ragged]:
     part = load_from_disk(str(directory))[split]
     return ragged_column(part.data.column("source_ids")), ragged_column(
         part.data.column("target_ids"))
+
+
+def load_drawn_weight(directory) -> np.ndarray | None:
+    """The train split's `drawn_weight` column (rows of a corpus weighted per epoch: its
+    weight; others 0; src/data/mixing.py), or None where no corpus is."""
+    from datasets import load_from_disk
+
+    part = load_from_disk(str(directory))["train"]
+    if "drawn_weight" not in part.column_names:
+        return None
+    return part.data.column("drawn_weight").to_numpy()

@@ -316,6 +316,12 @@ def write_source(spec: CorpusSpec | TestSetSpec, cfg: DownloadParams, pair: Pair
         for line in lines:
             sink.write(line)
     kind = {"weight": spec.weight, "max_pairs": max_pairs} if isinstance(spec, CorpusSpec) else {}
+    if isinstance(spec, CorpusSpec):  # the keys only where they are set, so download.json
+        # stays as it was for every other corpus
+        if spec.per_epoch:
+            kind["per_epoch"] = True
+        if spec.train_only or spec.format == "cedict":
+            kind["train_only"] = True
     return {"name": spec.name, **kind, **source,
             "corpus_bytes": sink.bytes, "corpus_sha256": sink.digest.hexdigest(),
             "corpus_lines": sink.lines}

@@ -10,7 +10,14 @@ scored.
 
 A pair two corpora share is kept by the corpus listed first (later ones count it as a
 duplicate); a pair whose source sentence is in the test set is dropped from train and valid
-(counted as `dropped_in_test_set`).
+(counted as `dropped_in_test_set`). A `train_only` corpus (a dictionary) never gives valid or
+test a pair, so they stay what the other corpora make them; its pairs whose source valid or
+test hold are dropped (counted as `dropped_in_test_set` too).
+
+A corpus marked `per_epoch` goes to the training part once, and the part gets a column
+`drawn_weight` (that corpus's weight on its rows, 0 on the rest): the train stage then takes
+its rows by `corpus_weights.epoch_copies` each epoch, the same rule with a new seed, so a
+weight below 1 shows a different share of it every epoch instead of the same one all run.
 
 The pooled pairs are held as Arrow columns (about the size of the text) and de-duplicated by a
 64-bit digest per pair, never as a Python list of all pairs, so a corpus of millions of pairs
@@ -18,7 +25,6 @@ stays cheap to split."""
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -28,10 +34,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from src.core.errors import PipelineError
 from src.core.params import PairParams, SplitParams
 from src.core.text import read_lines
+from src.data.corpus_weights import copies
 from src.data.splitting import (
     IN_TEST_SET,
     PARTS,
@@ -54,6 +62,8 @@ class CorpusFile:
     name: str
     path: Path
     weight: float
+    per_epoch: bool = False  # weighted by the train stage, each epoch afresh
+    train_only: bool = False  # never in valid or test
 
 
 @dataclass
@@ -125,12 +135,27 @@ def read_corpora(corpora: list[CorpusFile], pair: PairParams, max_chars: int
     return table.filter(pa.array(keep)).combine_chunks(), counts
 
 
-def copies(n_train: int, weight: float, rng: random.Random) -> np.ndarray:
-    """How many times each of a corpus's `n_train` training pairs is taken at `weight`."""
-    whole, fraction = math.floor(weight), weight - math.floor(weight)
-    times = np.full(n_train, whole, np.int64)  # pragma: no mutate (int64 is the default)
-    times[rng.sample(range(n_train), round(fraction * n_train))] += 1
-    return times
+def corpus_part_codes(sources: pa.Array | pa.ChunkedArray, owner: np.ndarray,
+                      corpora: list[CorpusFile], cfg: SplitParams,
+                      test_sources: frozenset[str], predefined_test: bool) -> np.ndarray:
+    """Each row's part (`splitting.part_codes`), valid and test drawn from the corpora that are
+    not `train_only` alone, so adding a dictionary leaves them as they were. A train-only row
+    is TRAIN, or IN_TEST_SET where its source is one that valid, test or a test set scores."""
+    if isinstance(sources, pa.ChunkedArray):
+        sources = sources.combine_chunks()
+    train_only = np.array([corpus.train_only for corpus in corpora], bool)[owner]
+    if train_only.all():
+        raise PipelineError("every corpus is train_only: valid and test need one that is not")
+    codes = np.full(len(sources), TRAIN, np.int8)
+    shared = pa.array(~train_only)
+    codes[~train_only] = part_codes(sources.filter(shared), cfg, test_sources, predefined_test)
+    if train_only.any():
+        scored = sources.filter(shared).filter(pa.array(np.isin(codes[~train_only],
+                                                                [VALID, TEST])))
+        kept_out = pa.concat_arrays([scored, pa.array(sorted(test_sources), pa.string())])
+        in_scored = pc.is_in(sources, value_set=kept_out).to_numpy(zero_copy_only=False)
+        codes[train_only & in_scored] = IN_TEST_SET
+    return codes
 
 
 def mix(corpora: list[CorpusFile], pair: PairParams, cfg: SplitParams,
@@ -142,19 +167,26 @@ def mix(corpora: list[CorpusFile], pair: PairParams, cfg: SplitParams,
         raise PipelineError(f"{', '.join(str(c.path) for c in corpora)}: no valid "
                             f"'{pair.source_lang}<TAB>{pair.target_lang}' line found")
     test_sources = frozenset(src for src, _ in test or ()) | held_out
-    codes = part_codes(table["source"], cfg, test_sources, predefined_test=bool(test))
     owner = table["corpus"].to_numpy()
+    codes = corpus_part_codes(table["source"], owner, corpora, cfg, test_sources, bool(test))
     per_corpus = np.bincount(owner * len(PARTS) + codes, minlength=len(corpora) * len(PARTS))
     per_corpus = per_corpus.reshape(-1, len(PARTS))  # pragma: no mutate (numpy: -2 is -1)
     times = np.zeros(table.num_rows, np.int64)
+    drawn = np.zeros(table.num_rows, np.float32)
     for index, corpus in enumerate(corpora):
         rows = np.flatnonzero((owner == index) & (codes == TRAIN))
         times[rows] = copies(len(rows), corpus.weight, random.Random(f"{cfg.seed}/{corpus.name}"))
+        if corpus.per_epoch:  # counted as one epoch draws it, written once
+            drawn[rows] = corpus.weight
     weighted = np.bincount(owner, weights=times, minlength=len(corpora))
+    times[drawn > 0] = 1
     pairs = table.select(["source", "target"])
     train_rows = np.flatnonzero(codes == TRAIN)
+    train = pairs.take(pa.array(np.repeat(train_rows, times[train_rows])))
+    if any(corpus.per_epoch for corpus in corpora):
+        train = train.append_column("drawn_weight", pa.array(drawn[train_rows]))
     parts = {
-        "train": pairs.take(pa.array(np.repeat(train_rows, times[train_rows]))),
+        "train": train,
         "valid": pairs.filter(pa.array(codes == VALID)),
         "test": pairs_table(test) if test else pairs.filter(pa.array(codes == TEST)),
     }

@@ -148,13 +148,14 @@ def one_chunk(column: pa.ChunkedArray) -> pa.Array:
 
 
 def write_parts(parts: dict[str, pa.Table], out_dir: Path) -> None:
-    """One DatasetDict of `source`/`target` string columns, written whole or not at all."""
+    """One DatasetDict of `source`/`target` string columns (and the training part's
+    `drawn_weight`, where a corpus is weighted per epoch), written whole or not at all."""
     from datasets import Dataset, DatasetDict, disable_progress_bars
 
     disable_progress_bars()
     dataset = DatasetDict({
         name: Dataset.from_dict({column: one_chunk(table[column])
-                                 for column in ("source", "target")})
+                                 for column in table.column_names})
         for name, table in parts.items()
     })
     with atomic_dir(out_dir) as tmp:

@@ -16,7 +16,13 @@ from src.core.errors import PipelineError
 from src.core.params import ModelParams, TrainParams
 from src.core.reports import TRAIN_HEADLINE, write_curve, write_report
 from src.data.augment import Segmentations, TrainingCorpus
-from src.data.batching import batches_per_step, load_encoded, steps_in_epoch, token_batches
+from src.data.batching import (
+    batches_per_step,
+    load_drawn_weight,
+    load_encoded,
+    steps_in_epoch,
+    token_batches,
+)
 from src.data.subword import check_encoded_with, load_tokenizers
 from src.nmt import checkpoint
 from src.nmt.model import Transformer, count_parameters, model_config
@@ -36,7 +42,8 @@ def training_corpus(data_dir: Path, cfg: TrainParams, tokenizers) -> TrainingCor
         raise PipelineError("train.bidirectional_epochs needs one vocabulary for both sides: "
                             "set tokenize.shared_vocab: true, or train.bidirectional_epochs: 0")
     corpus = TrainingCorpus(load_encoded(data_dir, "train"), cfg.seed, cfg.concat_ratio,
-                            cfg.subword_alpha, bidirectional_epochs=cfg.bidirectional_epochs)
+                            cfg.subword_alpha, bidirectional_epochs=cfg.bidirectional_epochs,
+                            drawn_weight=load_drawn_weight(data_dir))
     if cfg.subword_alpha > 0:
         from datasets import load_from_disk
 
