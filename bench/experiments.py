@@ -45,6 +45,20 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) 
         subprocess.run(cmd, cwd=root, check=True)
     finally:
         params.write_bytes(before)
+    row = workspace_row(root, name, what, overrides, time.perf_counter() - start)
+    with results.open("a") as fh:
+        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return row
+
+
+# what a row keeps of each named test set (evaluate's data/eval/stats.json, `test_sets`)
+TEST_SET_KEYS = ("bleu", "chrf", "bleu_ge10w", "chrf_ge10w")
+
+
+def workspace_row(root: Path, name: str, what: str, overrides: dict, wall_seconds: float
+                  ) -> dict:
+    """A row from the files a run of the pipeline left in `root`: evaluate's and train's
+    stats, and each named test set's scores."""
     evaluated = read_json(root / "data/eval/stats.json")
     trained = read_json(root / "models/train_stats.json")
     row = {"name": name, "what": what, "overrides": overrides,
@@ -53,9 +67,10 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) 
                                           "n_parameters", "final_valid_bleu", "final_valid_loss")},
            # BLEU by source length (evaluate's buckets: <= 6, 7-9, >= 10 words)
            **{f"bleu_{b}": evaluated.get(f"bleu_{b}") for b, _, _ in LENGTH_BUCKETS},
-           "wall_seconds": round(time.perf_counter() - start, 1)}
-    with results.open("a") as fh:
-        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+           "wall_seconds": round(wall_seconds, 1)}
+    if evaluated.get("test_sets"):
+        row["test_sets"] = {test_set: {k: scores.get(k) for k in TEST_SET_KEYS}
+                            for test_set, scores in evaluated["test_sets"].items()}
     return row
 
 
@@ -79,6 +94,15 @@ def main(
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="For every row."),
     results: Path = typer.Option(REPO / "docs" / "experiments.jsonl", help="Rows appended here."),
     list_rows: bool = typer.Option(False, "--list", help="List the rows and exit."),
+    record: Path = typer.Option(None, help="Record one row from a workspace where the pipeline "
+                                "already ran (a recipe `-S` cannot give, such as a list of "
+                                "corpora), named --name, described by --what and --change "
+                                "KEY=VALUE, its wall time --wall-minutes; nothing is run."),
+    name: str = typer.Option("", help="With --record: the row's name."),
+    what: str = typer.Option("", help="With --record: what the row tests."),
+    change: list[str] = typer.Option([], metavar="KEY=VALUE", help="With --record: each "
+                                     "params.yaml change from the default, as text."),
+    wall_minutes: float = typer.Option(0.0, help="With --record: the run's wall minutes."),
     table: bool = typer.Option(False, "--table", help="Print the table and exit."),
 ) -> None:
     if list_rows:
@@ -88,6 +112,19 @@ def main(
         return
     if table:
         print_table(read_jsonl(results))
+        return
+    if record:
+        if not (name and what) or any(r["name"] == name for r in read_jsonl(results)):
+            sys.exit(f"error: --record needs a new --name (not one in {results}) and --what")
+        if not (record / "data/eval/stats.json").exists():
+            sys.exit(f"error: {record} holds no data/eval/stats.json: run the pipeline there")
+        row = workspace_row(record, name, what, {}, 60 * wall_minutes)
+        # "changes", not "overrides": no `dvc exp run -S` of ROWS re-runs such a row
+        row["changes"] = dict(item.split("=", 1) for item in change)
+        del row["overrides"]
+        with results.open("a") as fh:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']}, recorded in {results}")
         return
     names = [n for n in rows.split(",") if n] or list(ROWS)
     unknown = [n for n in names if n not in ROWS]

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from typer.testing import CliRunner
 
 from bench import (
     common,
@@ -53,13 +54,38 @@ def test_experiment_row_puts_back_the_users_params(tmp_path, monkeypatch, fails)
     assert [c[:3] for c in commands] == [["dvc", "exp", "run"]]  # no git command, ever
 
 
+def test_a_row_is_recorded_from_a_workspace_with_its_named_test_sets(tmp_path):
+    (tmp_path / "data/eval").mkdir(parents=True)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "data/eval/stats.json").write_text(json.dumps({
+        "bleu": 41.2, "chrf": 36.0, "beam_size": 4, "bleu_ge10w": 28.0,
+        "test_sets": {"hsk_dev": {"bleu": 20.1, "chrf": 18.2, "bleu_ge10w": 15.0,
+                                  "chrf_ge10w": 14.0, "brevity_penalty": 0.9}}}))
+    (tmp_path / "models/train_stats.json").write_text(json.dumps({"epochs": 56,
+                                                                  "train_seconds": 3000.0}))
+    results = tmp_path / "rows.jsonl"
+    args = ["--results", str(results), "--record", str(tmp_path), "--name", "hsk-x", "--what",
+            "a dictionary", "--change", "train.epochs=56", "--wall-minutes", "55.5"]
+    result = CliRunner().invoke(experiments.app, args)
+    assert result.exit_code == 0, result.output
+    row = json.loads(results.read_text())
+    assert (row["name"], row["changes"], row["epochs"], row["wall_seconds"]) == (
+        "hsk-x", {"train.epochs": "56"}, 56, 3330.0)
+    assert "overrides" not in row  # no `dvc exp run -S` re-runs it
+    assert row["test_sets"] == {"hsk_dev": {"bleu": 20.1, "chrf": 18.2, "bleu_ge10w": 15.0,
+                                            "chrf_ge10w": 14.0}}
+    again = CliRunner().invoke(experiments.app, args)  # a name already there is refused
+    assert again.exit_code != 0 and "needs a new --name" in again.output
+    assert len(results.read_text().splitlines()) == 1
+
+
 def test_each_recorded_row_shows_the_overrides_its_command_re_runs():
     # The results page prints a row's overrides from docs/experiments.jsonl, and
     # bench.experiments re-runs ROWS: when the defaults change (params.yaml), both must say
     # the same, or the page names a command that trains something else.
     recorded = common.read_jsonl(REPO / "docs" / "experiments.jsonl")
-    drifted = {r["name"]: r["overrides"] for r in recorded
-               if experiments.ROWS[r["name"]]["overrides"] != r["overrides"]}
+    drifted = {r["name"]: r["overrides"] for r in recorded if "overrides" in r
+               and experiments.ROWS[r["name"]]["overrides"] != r["overrides"]}
     assert not drifted
 
 
@@ -95,6 +121,30 @@ def test_results_page_follows_the_raw_rows(tmp_path):
     assert "**12.34**" in page and "| short-new | a new row | `-S train.lr=1e-3` | 5.67 |" in page
     assert ("| full-new | a full row | `-S train.epochs=9` | 38.5 | 41.2 | 45.0 | 40.1 | 28.3 | "
             "35.1 | 9 | 10.0 |  |") in page
+
+
+def test_each_dictionary_recipe_is_held_to_the_targets_against_todays_default(tmp_path):
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+
+    def row(name: str, test: float, hsk_bleu: float, hsk_chrf: float, seconds: float) -> dict:
+        scores = {"bleu": hsk_bleu, "chrf": hsk_chrf, "bleu_ge10w": 9.0, "chrf_ge10w": 9.5}
+        return {"name": name, "what": name, "changes": {}, "bleu": test, "chrf": 36.0,
+                "final_valid_bleu": 39.0, "train_seconds": seconds,
+                "test_sets": {"hsk_dev": scores, "hsk_test": scores}}
+
+    with (docs / "experiments.jsonl").open("a") as fh:
+        for one in (row("hsk-default", 41.5, 15.0, 14.0, 3000),
+                    row("hsk-pays", 41.3, 18.0, 17.5, 3400),
+                    row("hsk-slow", 41.1, 19.0, 18.0, 3600)):
+            fh.write(json.dumps(one) + "\n")
+    page = results_page.render(docs)
+    section = page.split("## Everyday sentences and the dictionary (full runs)")[1]
+    assert "| hsk-default | hsk-default | 39.0 | 41.5 | 15.0 / 14.0 | 15.0 / 14.0 | 9.0 | 50.0 " \
+           "| (today's default) |" in section
+    assert ("hsk_test BLEU +3.00 (target +3), chrF +3.50 (+3); test BLEU -0.20 (>= -0.3); "
+            "minutes x1.13 (<= 1.15): every target met |") in section
+    assert "test BLEU -0.40 (>= -0.3); minutes x1.20 (<= 1.15): 2 of 4 missed |" in section
 
 
 def test_the_run_results_md_puts_in_main_dvc_lock_is_the_one_there():
