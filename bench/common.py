@@ -140,6 +140,16 @@ def append_sitting(path: Path, sitting: dict) -> None:
     write_json(path, doc | {"sittings": (sittings_of(doc) if doc else []) + [sitting]})
 
 
+PEER = "Hugging Face peer"  # the system name of the training peer's rows
+
+
+def best_speed(rows: list[dict], system: str, precision: str) -> float | None:
+    """A training sitting's fastest tokens/s among the rows of one system and precision (the
+    peer's rows name it PEER), or None where it has none."""
+    return max((r["tokens_per_s"] for r in rows
+                if r["system"] == system and r["precision"] == precision), default=None)
+
+
 def latest_by_cpu(sittings: list[dict]) -> list[dict]:
     """The last sitting of each CPU, newest first: what today's code does on each kind of
     machine (every sitting stays in its file)."""

@@ -12,7 +12,15 @@ from pathlib import Path
 import typer
 
 from bench import common
-from bench.common import REPO, latest_by_cpu, markdown_table, read_jsonl, sittings_of
+from bench.common import (
+    PEER,
+    REPO,
+    best_speed,
+    latest_by_cpu,
+    markdown_table,
+    read_jsonl,
+    sittings_of,
+)
 
 DOCS = REPO / "docs"
 OUT = DOCS / "results.md"
@@ -305,8 +313,7 @@ def speed_rows(sitting: dict) -> list[list]:
         gflops = sitting["gflop_per_token"] * row["tokens_per_s"]
         return f"{gflops / peak[row['precision']]:.0%} of {peak[row['precision']]} GFLOP/s"
 
-    peer_fp32 = max(r["tokens_per_s"] for r in sitting["rows"]
-                    if r["system"].endswith("peer") and r["precision"] == "fp32")
+    peer_fp32 = best_speed(sitting["rows"], PEER, "fp32")
     return [[short_cpu(sitting["cpu"]), r["system"], r["precision"], r["layout"],
              r.get("allocator") or "glibc", f"{r['tokens_per_s']:,}",
              f"{r['tokens_per_s'] / peer_fp32:.2f}", share(r)]

@@ -16,7 +16,7 @@ import typer
 import yaml
 
 from bench import common
-from bench.common import REPO, append_sitting, write_json
+from bench.common import PEER, REPO, append_sitting, best_speed, write_json
 from src.core import paths
 from src.training.precision import cpu_bf16_feature
 
@@ -25,9 +25,9 @@ app = common.cli_app()
 TRAIN_COMMAND = [sys.executable, "-m", "src.train"]
 # Where the CPU multiplies bf16 natively: ours bf16 against the peer's fp32 and against our own
 # fp32 (issue 79). Elsewhere both train in fp32: ours against the peer's (issue 95).
-BF16_TARGETS = (("ours", "bf16", "Hugging Face peer", "fp32", 1.6),
+BF16_TARGETS = (("ours", "bf16", PEER, "fp32", 1.6),
                 ("ours", "bf16", "ours", "fp32", 1.3))
-FP32_TARGETS = (("ours", "fp32", "Hugging Face peer", "fp32", 1.3),)
+FP32_TARGETS = (("ours", "fp32", PEER, "fp32", 1.3),)
 
 
 def matmul_peak(dtype: torch.dtype, threads: int, size: int = 2048, reps: int = 10) -> float:
@@ -107,7 +107,7 @@ def run_peer(script: Path, python: Path, data: Path, minutes: float, threads: in
         raise RuntimeError(f"{script.name} failed:\n{(done.stderr or done.stdout)[-2000:]}")
     summary = json.loads(lines[-1].removeprefix("SUMMARY_JSON "))
     shown = " ".join(a if a != str(data) else data.name for a in args)
-    row = {"system": "Hugging Face peer", "precision": "bf16" if bf16 else "fp32",
+    row = {"system": PEER, "precision": "bf16" if bf16 else "fp32",
            "layout": f"1 x {threads}", "command": f"python {script.name} {shown}",
            "tokens_per_s": round(summary["tok_s"])}
     return row, summary
@@ -121,16 +121,12 @@ def gflop_per_token(summary: dict) -> float:
 def target_note(rows: list[dict], targets=BF16_TARGETS) -> str:
     """The targets' ratios, each from the best row of its kind; a kind without a row (our
     bf16 rows train in fp32 on a CPU without native bf16) is said to be missing."""
-    def best(system: str, precision: str) -> int | None:
-        speeds = [r["tokens_per_s"] for r in rows
-                  if r["system"] == system and r["precision"] == precision]
-        return max(speeds, default=None)
-
     parts, met = [], []
     for system, precision, against, against_precision, goal in targets:
         name = "peer" if against.startswith("Hugging Face") else against
         pair = f"{system} {precision} / {name} {against_precision}"
-        mine, theirs = best(system, precision), best(against, against_precision)
+        mine, theirs = best_speed(rows, system, precision), best_speed(rows, against,
+                                                                    against_precision)
         if mine is None or theirs is None:
             parts.append(f"{pair}: no row (target {goal})")
             met.append(False)
