@@ -78,3 +78,25 @@ def test_the_per_epoch_weights_come_through_encoding_to_the_train_stage(toy_root
     DatasetDict({"train": encoded}).save_to_disk(str(tmp_path / "tokenized"))
     assert load_drawn_weight(tmp_path / "tokenized").tolist() == weights.tolist()
     assert load_drawn_weight(toy_root / "data/tokenized") is None
+
+
+def test_the_tokenizer_learns_a_per_epoch_corpus_at_its_weight(tmp_path, monkeypatch):
+    """A dictionary weighted per epoch feeds SentencePiece as one epoch shows it to the model
+    (a quarter here), every other pair whole: at full size its entries would outnumber the
+    sentences and take the vocabulary from them."""
+    from datasets import Dataset, DatasetDict
+
+    from src.data import encoding
+
+    sentences = [f"sentence {i}" for i in range(10)]
+    words = [f"word{i}" for i in range(40)]
+    DatasetDict({"train": Dataset.from_dict({
+        "source": sentences + words, "target": ["句"] * 10 + ["词"] * 40,
+        "drawn_weight": [0.0] * 10 + [0.25] * 40})}).save_to_disk(str(tmp_path / "split"))
+    fed: list[list[str]] = []
+    monkeypatch.setattr(encoding, "train_spm", lambda lines, **options: fed.append(list(lines)))
+    for seed in (0, 0, 1):
+        encoding.learn_model(str(tmp_path / "split"), ("source",), {"seed": seed})
+    assert all(got[:10] == sentences and len(got) == 20 for got in fed)
+    assert set(fed[0][10:]) < set(words) and len(set(fed[0][10:])) == 10
+    assert fed[0] == fed[1] and fed[0] != fed[2]  # the draw is the seed's
