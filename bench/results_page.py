@@ -76,10 +76,6 @@ def overrides(row: dict) -> str:
     return " ".join(f"`-S {k}={v}`" for k, v in row["overrides"].items())
 
 
-def millions(n: int | None) -> str:
-    return f"{n / 1e6:.2f}M" if n else "n/a"
-
-
 def run_in_main_dvc_lock(runs: list[dict], source: str) -> int:
     """The index of the one default run marked `in_main_dvc_lock` (how its outputs came to be
     main's dvc.lock and committed metric files)."""
@@ -166,19 +162,6 @@ def decoding_choices(decoding: dict, source: str) -> list[str]:
                            r["test_sent_s"]] for r in rows])
 
 
-def short_rows(rows: list[dict]) -> list[str]:
-    lines = ["## Training choices (short runs)", "",
-             "`python -m bench.experiments --rows <name>`: 300 optimizer steps each (about 1.8 "
-             "epochs), test decoded greedily. At 300 steps BLEU is below 1 for every row, so "
-             "**the valid loss ranks them** (per-token NLL without smoothing; comparable only "
-             "between rows with the same vocabulary). A smoke test of each switch, not evidence "
-             "for the recipe. Raw rows: `docs/experiments.jsonl`.", ""]
-    return lines + table(
-        ["row", "what", "overrides", "test BLEU", "chrF", "valid loss", "params"],
-        [[r["name"], r["what"], overrides(r), r["bleu"], r["chrf"], r.get("final_valid_loss"),
-          millions(r.get("n_parameters"))] for r in rows])
-
-
 def spread(by_name: dict[str, dict]) -> str:
     """The gap between two runs of one recipe, from the rows that repeated one."""
     pairs = [(by_name[a], by_name[b]) for a, b in REPEATED_ROWS
@@ -255,7 +238,7 @@ def hsk_rows(rows: list[dict]) -> list[str]:
           r["test_sets"]["hsk_test"]["bleu_ge10w"], round(r["train_seconds"] / 60, 1),
           "(today's default)" if r is base else against_hsk_targets(r, base)]
          for r in rows])
-    return lines + [""] + row_notes(rows)
+    return lines + row_notes(rows)
 
 
 def row_notes(rows: list[dict]) -> list[str]:
@@ -425,7 +408,6 @@ def render(docs: Path = DOCS) -> str:
     bench = docs / "benchmarks"
     rows = read_jsonl(docs / "experiments.jsonl")
     by_name = {r["name"]: r for r in rows}
-    short = [r for r in rows if r["name"].startswith("short-")]
     full = [r for r in rows if r["name"].startswith("full-") and r["name"] not in PAIR_ROWS]
     everyday = [r for r in rows if r["name"].startswith("hsk-")]
     pairs = [by_name[n] for n in PAIR_ROWS if n in by_name]
@@ -450,7 +432,6 @@ def render(docs: Path = DOCS) -> str:
     lines += continuous_training(*section("continuous"))
     lines += full_rows(full, by_name)
     lines += hsk_rows(everyday)
-    lines += short_rows(short)
     lines += pair_rows(pairs)
     lines += samples(bench, "Sample translations", BENCHMARKS["samples"], "sample_sentences.en")
     lines += samples(bench, "Longer sentences", BENCHMARKS["long"], "long_sentences.en")

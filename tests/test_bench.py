@@ -118,7 +118,7 @@ def test_results_page_follows_the_raw_rows(tmp_path):
     assert ("| full-zh-en | other way | `-S pair.source_lang=zh` | 20.5 | 44.0 | 30 epochs |"
             in pairs)
     assert "| full-zh-en |" not in page.split("## Other language pairs")[0]
-    assert "**12.34**" in page and "| short-new | a new row | `-S train.lr=1e-3` | 5.67 |" in page
+    assert "**12.34**" in page and "short-new" not in page  # smoke runs: experiments.jsonl only
     assert ("| full-new | a full row | `-S train.epochs=9` | 38.5 | 41.2 | 45.0 | 40.1 | 28.3 | "
             "35.1 | 9 | 10.0 |  |") in page
 
