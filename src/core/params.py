@@ -175,9 +175,6 @@ class TestSetSpec(Entry):
 
     @model_validator(mode="after")
     def _one_source(self):
-        if self.format == "cedict" and "train_only" in self.model_fields_set and not \
-                self.train_only:
-            raise ValueError(f"corpus '{self.name}': a cedict dictionary is always train_only")
         given = [k for k in ("url", "hub", "sacrebleu") if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(f"test set '{self.name}' needs exactly one source: url, hub or "
