@@ -46,9 +46,13 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) 
     finally:
         params.write_bytes(before)
     row = workspace_row(root, name, what, overrides, time.perf_counter() - start)
+    append_row(results, row)
+    return row
+
+
+def append_row(results: Path, row: dict) -> None:
     with results.open("a") as fh:
         fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return row
 
 
 # what a row keeps of each named test set (evaluate's data/eval/stats.json, `test_sets`)
@@ -122,8 +126,7 @@ def main(
         # "changes", not "overrides": no `dvc exp run -S` of ROWS re-runs such a row
         row["changes"] = dict(item.split("=", 1) for item in change)
         del row["overrides"]
-        with results.open("a") as fh:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        append_row(results, row)
         print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']}, recorded in {results}")
         return
     names = [n for n in rows.split(",") if n] or list(ROWS)

@@ -87,12 +87,12 @@ def main(
                                   for key, value in c.items()})
     print("split: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
     if len(corpora) > 1:
-        corpora_by_name = {corpus.name: corpus for corpus in corpora}
-        for name, c in per_corpus.items():
-            print(f"  {name}: read {c['read']:,}, kept {c['kept']:,}, duplicates "
+        for corpus in corpora:
+            c = per_corpus[corpus.name]
+            print(f"  {corpus.name}: read {c['read']:,}, kept {c['kept']:,}, duplicates "
                   f"{c['dropped_duplicate']:,}, in the test set {c['dropped_in_test_set']:,}, "
                   f"train {c['train']:,} x weight = {c['train_weighted']:,}"
-                  f"{' (drawn afresh each epoch)' if corpora_by_name[name].per_epoch else ''}")
+                  f"{' (drawn afresh each epoch)' if corpus.per_epoch else ''}")
 
 
 def read_manifest(meta: Path) -> dict:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from src.data.batching import Ragged
-from src.data.corpus_weights import epoch_copies
+from src.data.corpus_weights import epoch_rows
 from src.data.subword import EOS, UNK
 
 # Segmentation candidates per sentence (Kudo's l-best sampling, l = 32): short sentences have
@@ -166,8 +166,7 @@ class TrainingCorpus:
             rng = np.random.default_rng((self.seed, epoch, 1))
             sources, targets = (side.sample(self.subword_alpha, rng) for side in self.candidates)
         if self.drawn_weight is not None:
-            times = epoch_copies(self.drawn_weight, (self.seed, epoch))
-            rows = np.repeat(np.arange(len(times)), times)
+            rows = epoch_rows(self.drawn_weight, (self.seed, epoch))
             sources, targets = sources.take(rows), targets.take(rows)
         if epoch < self.bidirectional_epochs:
             sources, targets = both_directions(sources, targets)

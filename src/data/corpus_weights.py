@@ -19,7 +19,7 @@ def copies(n_train: int, weight: float, rng: random.Random) -> np.ndarray:
     return times
 
 
-def epoch_copies(drawn_weight: np.ndarray, seed: tuple[int, ...]) -> np.ndarray:
+def epoch_copies(drawn_weight: np.ndarray, seed: tuple) -> np.ndarray:
     """How many times each training pair is taken in one epoch: once where `drawn_weight` is 0
     (weighted in the data already), and `copies` of each per-epoch corpus's rows (those that
     share a weight) at that weight, drawn from `seed` (the run's seed and the epoch)."""
@@ -28,3 +28,9 @@ def epoch_copies(drawn_weight: np.ndarray, seed: tuple[int, ...]) -> np.ndarray:
         rows = np.flatnonzero(drawn_weight == weight)
         times[rows] = copies(len(rows), float(weight), random.Random(str(seed + (weight,))))
     return times
+
+
+def epoch_rows(drawn_weight: np.ndarray, seed: tuple) -> np.ndarray:
+    """The row indices one epoch takes, in order, each as often as `epoch_copies` says."""
+    times = epoch_copies(drawn_weight, seed)
+    return np.repeat(np.arange(len(times)), times)

@@ -12,7 +12,7 @@ import numpy as np
 
 from src.core.atomic import atomic_dir, write_json
 from src.core.params import PairParams, TokenizeParams
-from src.data.corpus_weights import epoch_copies
+from src.data.corpus_weights import epoch_rows
 from src.data.subword import (
     BOS,
     EOS,
@@ -47,9 +47,8 @@ def learn_model(split_dir: str, columns: tuple[str, ...], options: dict) -> byte
 
     train = load_from_disk(split_dir)["train"]
     if "drawn_weight" in train.column_names:
-        times = epoch_copies(train.data.column("drawn_weight").to_numpy(),
-                             ("tokenize", options["seed"]))
-        train = train.select(np.repeat(np.arange(len(times)), times))
+        train = train.select(epoch_rows(train.data.column("drawn_weight").to_numpy(),
+                                        ("tokenize", options["seed"])))
     return train_spm(itertools.chain(*(sentences(train, c) for c in columns)), **options)
 
 
