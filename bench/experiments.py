@@ -67,7 +67,7 @@ def workspace_row(root: Path, name: str, what: str, overrides: dict, wall_second
     trained = read_json(root / "models/train_stats.json")
     row = {"name": name, "what": what, "overrides": overrides,
            **{k: evaluated.get(k) for k in ("bleu", "chrf", "beam_size")},
-           **{k: trained.get(k) for k in ("train_seconds", "epochs", "tokens_per_s",
+           **{k: trained.get(k) for k in ("train_seconds", "steps", "epochs", "tokens_per_s",
                                           "n_parameters", "final_valid_bleu", "final_valid_loss")},
            # BLEU by source length (evaluate's buckets: <= 6, 7-9, >= 10 words)
            **{f"bleu_{b}": evaluated.get(f"bleu_{b}") for b, _, _ in LENGTH_BUCKETS},
