@@ -23,8 +23,9 @@ from src.training.precision import cpu_bf16_feature
 app = common.cli_app()
 
 TRAIN_COMMAND = [sys.executable, "-m", "src.train"]
+# The ratios a sitting is held to (system, precision, against system, precision, at least).
 # Where the CPU multiplies bf16 natively: ours bf16 against the peer's fp32 and against our own
-# fp32 (issue 79). Elsewhere both train in fp32: ours against the peer's (issue 95).
+# fp32. Elsewhere (an AVX2 laptop, say) both train in fp32: ours against the peer's.
 BF16_TARGETS = (("ours", "bf16", PEER, "fp32", 1.6),
                 ("ours", "bf16", "ours", "fp32", 1.3))
 FP32_TARGETS = (("ours", "fp32", PEER, "fp32", 1.3),)
