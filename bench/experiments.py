@@ -45,7 +45,7 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) 
         subprocess.run(cmd, cwd=root, check=True)
     finally:
         params.write_bytes(before)
-    row = workspace_row(root, name, what, overrides, time.perf_counter() - start)
+    row = workspace_row(root, name, what, {"overrides": overrides}, time.perf_counter() - start)
     append_row(results, row)
     return row
 
@@ -59,13 +59,14 @@ def append_row(results: Path, row: dict) -> None:
 TEST_SET_KEYS = ("bleu", "chrf", "bleu_ge10w", "chrf_ge10w")
 
 
-def workspace_row(root: Path, name: str, what: str, overrides: dict, wall_seconds: float
+def workspace_row(root: Path, name: str, what: str, recipe: dict, wall_seconds: float
                   ) -> dict:
     """A row from the files a run of the pipeline left in `root`: evaluate's and train's
-    stats, and each named test set's scores."""
+    stats, and each named test set's scores; `recipe` is {"overrides": the row's `-S`
+    settings} or, for a recorded run, {"changes": its params.yaml changes as text}."""
     evaluated = read_json(root / "data/eval/stats.json")
     trained = read_json(root / "models/train_stats.json")
-    row = {"name": name, "what": what, "overrides": overrides,
+    row = {"name": name, "what": what, **recipe,
            **{k: evaluated.get(k) for k in ("bleu", "chrf", "beam_size")},
            **{k: trained.get(k) for k in ("train_seconds", "steps", "epochs", "tokens_per_s",
                                           "n_parameters", "final_valid_bleu", "final_valid_loss")},
@@ -122,10 +123,10 @@ def main(
             sys.exit(f"error: --record needs a new --name (not one in {results}) and --what")
         if not (record / "data/eval/stats.json").exists():
             sys.exit(f"error: {record} holds no data/eval/stats.json: run the pipeline there")
-        row = workspace_row(record, name, what, {}, 60 * wall_minutes)
         # "changes", not "overrides": no `dvc exp run -S` of ROWS re-runs such a row
-        row["changes"] = dict(item.split("=", 1) for item in change)
-        del row["overrides"]
+        row = workspace_row(record, name, what,
+                            {"changes": dict(item.split("=", 1) for item in change)},
+                            60 * wall_minutes)
         append_row(results, row)
         print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']}, recorded in {results}")
         return

@@ -124,7 +124,7 @@ def target_note(rows: list[dict], targets=BF16_TARGETS) -> str:
     bf16 rows train in fp32 on a CPU without native bf16) is said to be missing."""
     parts, met = [], []
     for system, precision, against, against_precision, goal in targets:
-        name = "peer" if against.startswith("Hugging Face") else against
+        name = "peer" if against == PEER else against
         pair = f"{system} {precision} / {name} {against_precision}"
         mine, theirs = best_speed(rows, system, precision), best_speed(rows, against,
                                                                     against_precision)
