@@ -35,11 +35,8 @@ from src.core import paths
 from src.core.cli import run_cli
 from src.core.errors import require_file
 from src.core.params import FinetuneParams, ModelParams, TrainParams, load_params
-from src.training import distributed
 from src.training.host_memory import use_allocator
 from src.training.init_from import finetune_recipe
-from src.training.resume import note
-from src.training.stage import train
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
@@ -74,6 +71,12 @@ def main(
     # Only when this module is the program (python -m src.train, its torchrun ranks): a test
     # runner calling main() must not be replaced by a restarted process.
     allocator = use_allocator(cfg.allocator, sys.orig_argv if __name__ == "__main__" else None)
+    # Imported only now: the restart onto tcmalloc above replaces this process, which would
+    # import torch (about 1.5 s) all over again.
+    from src.training import distributed
+    from src.training.resume import note
+    from src.training.stage import train
+
     if allocator.note and os.environ.get("RANK", "0") == "0":
         note(allocator.note)
     if cfg.nproc_per_node > 1 and not distributed.under_launcher():
