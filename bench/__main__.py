@@ -21,8 +21,8 @@ TOOLS = {
                        "docs/engines.md", "(prints)"),
     "file_profile": ("ONNX Runtime's profile of one exported file, by operator or node",
                      "docs/engines.md", "docs/benchmarks/profile_beam4_batch1_epyc.txt"),
-    "ort_kernels": ("ONNX Runtime kernels at our decoder's shapes (int8, TopK, log-probs, "
-                    "threads, the BeamSearch operator)", "docs/engines.md, docs/serving.md",
+    "ort_kernels": ("ONNX Runtime kernels at our decoder's shapes (int8, log-probs, threads, "
+                    "the BeamSearch operator)", "docs/engines.md, docs/serving.md",
                     "docs/benchmarks/kernels*.json"),
     "serving_load": ("latency and sent/s of a served model under concurrent clients",
                      "docs/serving.md", "(--json; gpu_check's serve rows)"),

@@ -13,75 +13,58 @@ from bench.common import cli_app, markdown_table, read_sittings, run_cli, span, 
 
 COST_BOLD_BELOW = 0.97  # a cost of more than 3%
 
+
 def rows_of(sitting: dict, kind: str) -> list[dict]:
     return [r for r in sitting["rows"] if r["kind"] == kind]
 
 
-def speed_rows(sitting: dict) -> list[dict]:
-    return rows_of(sitting, "speed")
-
-
 def distinct(values) -> str:
-    seen = list(dict.fromkeys(str(v) for v in values if v is not None))
-    return ", ".join(seen)
+    return ", ".join(dict.fromkeys(str(v) for v in values if v is not None))
 
 
 def heading(sittings: list[dict]) -> list[str]:
-    parts = []
     commits = distinct(s.get("commit") for s in sittings)
-    if commits:
-        parts.append(f"commit {commits}")
     machines = distinct(s.get("machine") for s in sittings)
-    if machines:
-        parts.append(machines)
+    parts = ([f"commit {commits}"] if commits else []) + ([machines] if machines else [])
     count = f"{len(sittings)} sitting{'s' if len(sittings) != 1 else ''}"
     return [f"{count}: {'; '.join(parts)}."] if parts else [f"{count}."]
-
-
-def percent(share: float) -> str:
-    return f"{100 * share:.1f}%"
 
 
 def quality_line(sittings: list[dict]) -> list[str]:
     """One line: each checked configuration's identical strings and BLEU, ours / CTranslate2
     (a range where the sittings differ)."""
     rows = [r for s in sittings for r in rows_of(s, "quality")]
-    keys = list(dict.fromkeys((r["precision"], r["beam"], r["batch"]) for r in rows))
-    if not keys:
+    if not rows:
         return []
     parts = []
-    for key in keys:
+    for key in dict.fromkeys((r["precision"], r["beam"], r["batch"]) for r in rows):
         same = [r for r in rows if (r["precision"], r["beam"], r["batch"]) == key]
         parts.append(f"{key[0]} beam {key[1]} batch {key[2]}: "
-                     f"{span([r['identical'] for r in same], percent)} identical, BLEU "
-                     f"{span([r['bleu_ours'] for r in same])} / "
+                     f"{span([r['identical'] for r in same], lambda s: f'{100 * s:.1f}%')} "
+                     f"identical, BLEU {span([r['bleu_ours'] for r in same])} / "
                      f"{span([r['bleu_ctranslate2'] for r in same])}")
     sentences = span([r["sentences"] for r in rows])
     return [f"Test split ({sentences} sentences), ours / CTranslate2: {'; '.join(parts)}."]
 
 
-def label(key: tuple) -> str:
-    """(precision, beam, batch[, threads]) -> 'int8 1 32[, 2]'."""
-    return " ".join(map(str, key[:3])) + (f", {key[3]}" if len(key) > 3 else "")
-
-
-def sittings_table(first: str, keys, sittings: list, cell, worst,
-                   last: tuple = ("worst ratio",)) -> list[str]:
-    """A row per key, a column per sitting: `cell(sitting, key)` is (its text, its figure), or
-    None where the sitting lacks the key; then `worst(figures)`, the last columns."""
-    lines = markdown_table([first, *(f"sitting {i + 1}" for i in range(len(sittings))), *last],
-                           [])
-    for key in keys:
-        found = [cell(sitting, key) for sitting in sittings]
-        figures = [f[1] for f in found if f is not None]
-        if figures:
-            lines.append(f"| {label(key)} | " + " | ".join(f[0] if f else "" for f in found)
-                         + f" | {worst(figures)} |")
-    return lines
-
-
 def cell_key(r: dict) -> tuple:
     return r["precision"], r["beam"], r["batch"], r["threads"]
+
+
+def sittings_table(first: str, key_of, sittings: list[list[dict]], cell, worst,
+                   last: tuple = ("worst ratio",)) -> list[str]:
+    """A row per key of the rows (`key_of`), a column per sitting: `cell(rows, key)` is (its
+    text, its figure), or None where the sitting lacks the key; then `worst(figures)`, the last
+    columns. A key (precision, beam, batch[, threads]) reads 'int8 1 32[, 2]'."""
+    table = []
+    for key in sorted({key_of(r) for rows in sittings for r in rows}):
+        found = [cell(rows, key) for rows in sittings]
+        figures = [f[1] for f in found if f is not None]
+        if figures:
+            table.append([" ".join(map(str, key[:3])) + (f", {key[3]}" if len(key) > 3 else ""),
+                          *(f and f[0] for f in found), worst(figures)])
+    return markdown_table([first, *(f"sitting {i + 1}" for i in range(len(sittings))), *last],
+                          table)
 
 
 def cell_table(sittings: list[list[dict]]) -> list[str]:
@@ -90,36 +73,23 @@ def cell_table(sittings: list[list[dict]]) -> list[str]:
         return row and (f"{row['ours_sent_per_s']} / {row['ctranslate2_sent_per_s']} "
                         f"({row['ours_vs_ctranslate2']})", row["ours_vs_ctranslate2"])
 
-    return sittings_table("precision, beam, batch, threads",
-                          sorted({cell_key(r) for rows in sittings for r in rows}), sittings,
-                          cell, min)
-
-
-def best_thread_rows(rows: list[dict]) -> dict[tuple, tuple[float, int, float, int]]:
-    """(precision, beam, batch) -> (ours best, its threads, CTranslate2 best, its threads)."""
-    best: dict[tuple, tuple[float, int, float, int]] = {}
-    for r in rows:
-        key = (r["precision"], r["beam"], r["batch"])
-        ours, ot, theirs, tt = best.get(key, (0.0, 0, 0.0, 0))
-        if r["ours_sent_per_s"] > ours:
-            ours, ot = r["ours_sent_per_s"], r["threads"]
-        if r["ctranslate2_sent_per_s"] > theirs:
-            theirs, tt = r["ctranslate2_sent_per_s"], r["threads"]
-        best[key] = (ours, ot, theirs, tt)
-    return best
+    return sittings_table("precision, beam, batch, threads", cell_key, sittings, cell, min)
 
 
 def best_thread_table(sittings: list[list[dict]]) -> list[str]:
-    def cell(best: dict, key: tuple):
-        if key not in best:
+    """Each engine at its fastest thread count of the sitting (the first where two tie)."""
+    def cell(rows: list[dict], key: tuple):
+        same = [r for r in rows if cell_key(r)[:3] == key]
+        if not same:
             return None
-        ours, ot, theirs, tt = best[key]
-        ratio = round(ours / theirs, 2)
-        return f"{ours} ({ot}t) / {theirs} ({tt}t) ({ratio})", ratio
+        ours = max(same, key=lambda r: r["ours_sent_per_s"])
+        theirs = max(same, key=lambda r: r["ctranslate2_sent_per_s"])
+        ratio = round(ours["ours_sent_per_s"] / theirs["ctranslate2_sent_per_s"], 2)
+        return (f"{ours['ours_sent_per_s']} ({ours['threads']}t) / "
+                f"{theirs['ctranslate2_sent_per_s']} ({theirs['threads']}t) ({ratio})", ratio)
 
-    per_sitting = [best_thread_rows(rows) for rows in sittings]
-    return sittings_table("precision, beam, batch", sorted({k for b in per_sitting for k in b}),
-                          per_sitting, cell, min)
+    return sittings_table("precision, beam, batch", lambda r: cell_key(r)[:3], sittings, cell,
+                          min)
 
 
 def cost(ratio: float) -> str:
@@ -141,15 +111,14 @@ def score_cost_table(sittings: list[list[dict]]) -> list[str]:
         ours, theirs, speeds = zip(*figures)
         return f"{cost(min(ours))} | {cost(min(theirs))} | {min(speeds)}"
 
-    return sittings_table("precision, beam, batch, threads",
-                          sorted({cell_key(r) for rows in sittings for r in rows}), sittings,
-                          cell, worst, ("worst, ours", "worst, CTranslate2",
-                                        "with scores, ours / CTranslate2, worst"))
+    return sittings_table("precision, beam, batch, threads", cell_key, sittings, cell, worst,
+                          ("worst, ours", "worst, CTranslate2",
+                           "with scores, ours / CTranslate2, worst"))
 
 
 def report(sittings: list[dict]) -> str:
     blocks = [heading(sittings) + quality_line(sittings)]
-    speed = [speed_rows(s) for s in sittings]
+    speed = [rows_of(s, "speed") for s in sittings]
     if any(speed):
         blocks += [cell_table(speed), best_thread_table(speed)]
     costs = [rows_of(s, "score_cost") for s in sittings]

@@ -17,11 +17,11 @@ from types import SimpleNamespace
 
 import typer
 
-from bench import common
-from bench.common import ints, markdown_table
+from bench import common, engine_tables
+from bench.common import ints
 from src.core import paths
 from src.core.metrics import bleu
-from src.data.subword import decode_ids, drop_broken_bytes
+from src.data.subword import decode_ids, drop_broken_bytes, load_tokenizers
 from src.runtime import contract, generation, placement  # no onnxruntime until a session opens
 from src.runtime.length_batches import translate_in_batches
 
@@ -31,8 +31,7 @@ FOREIGN = {"ours": ("torch", "ctranslate2"), "ours_baseline": ("torch", "ctransl
 
 
 class Engine:
-    """What both engines are asked for besides the lines and the beam, from the worker's spec:
-    `n_best` scored hypotheses, `scores` returned, every output `force_length` tokens."""
+    """From the worker's spec: `n_best` hypotheses, `scores` returned, `force_length` tokens."""
 
     def __init__(self, spec: dict):
         self.n_best, self.scores = spec.get("n_best", 1), spec.get("scores", False)
@@ -46,26 +45,23 @@ class Ct2Engine(Engine):
 
     def __init__(self, spec: dict):
         import ctranslate2
-        import sentencepiece as spm
 
         from src.to_ctranslate2 import ct2_options, pieces
 
         super().__init__(spec)
         self.options = ct2_options  # imported here, not on each timed call
-        tokenizer_dir, meta = Path(spec["tokenizer_dir"]), spec["meta"]
         self.translator = ctranslate2.Translator(
             spec["ct2_dir"], device=spec["device"],
             compute_type=self.COMPUTE_TYPES[spec["precision"]],
             intra_threads=spec["threads"], inter_threads=1)
-        self.source, self.target = (
-            spm.SentencePieceProcessor(model_file=str(tokenizer_dir / f"{side}.model"))
-            for side in ("source", "target"))
+        tokenizers, self.meta = load_tokenizers(spec["tokenizer_dir"]), spec["meta"]
+        self.source, self.target = tokenizers.source, tokenizers.target
         self.target_pieces = pieces(self.target)
-        self.eos_piece = self.source.id_to_piece(int(meta["eos_id"]))
-        self.meta = meta
+        self.eos_piece = self.source.id_to_piece(int(self.meta["eos_id"]))
 
     def run(self, lines: list[str], beam: int) -> list[str]:
-        tokens = [self.source.encode(line, out_type=str)[: self.limit() - 1] + [self.eos_piece]
+        limit = int(self.meta["max_source_tokens"]) - 1  # the EOS is the last source token
+        tokens = [self.source.encode(line, out_type=str)[:limit] + [self.eos_piece]
                   for line in lines]
         new_tokens = self.force_length or contract.max_new_tokens(
             max(len(t) for t in tokens), float(self.meta["max_length_ratio"]),
@@ -82,12 +78,8 @@ class Ct2Engine(Engine):
             check_lengths([len(r.hypotheses[0]) for r in results], self.force_length)
         # As our decoders do: every hypothesis of an n-best list to text (ours returns each),
         # stray byte pieces dropped, so both engines do and are scored alike.
-        texts = [[drop_broken_bytes(self.target.decode(h)) for h in r.hypotheses]
-                 for r in results]
+        texts = [[drop_broken_bytes(self.target.decode(h)) for h in r.hypotheses] for r in results]
         return [hypotheses[0] for hypotheses in texts]
-
-    def limit(self) -> int:
-        return int(self.meta["max_source_tokens"])
 
 
 class OnnxEngine(Engine):
@@ -96,9 +88,8 @@ class OnnxEngine(Engine):
     def __init__(self, spec: dict):
         super().__init__(spec)
         path = Path(spec["models"]) / self.FILES[spec["precision"]]
-        self.translator = generation.load_translator(path, provider=spec["device"],
-                                                     threads=spec["threads"],
-                                                     warn=lambda _: None)
+        self.translator = generation.load_translator(
+            path, provider=spec["device"], threads=spec["threads"], warn=lambda _: None)
 
     def run(self, lines: list[str], beam: int) -> list[str]:
         if self.force_length:
@@ -114,12 +105,10 @@ class OnnxEngine(Engine):
         model = self.translator
         src = contract.pad_rows([model.encode(line, i + 1) for i, line in enumerate(lines)],
                                 model.pad)
-        session = model.session_for(len(lines))
-        feeds = dict(contract.search_feeds(src, self.force_length, beam,
-                                           float(model.meta["length_penalty"]),
-                                           scores=self.scores))
-        feeds["min_length"] = feeds["max_length"]
-        (sequences,) = session.run(["sequences"], feeds)
+        feeds = contract.search_feeds(src, self.force_length, beam,
+                                      float(model.meta["length_penalty"]), scores=self.scores)
+        (sequences,) = model.session_for(len(lines)).run(
+            ["sequences"], feeds | {"min_length": feeds["max_length"]})
         ids = contract.parse_sequences(sequences, model.pad)
         check_lengths([len(row) for row in ids], self.force_length)
         return decode_ids(model.target, ids, model.eos)
@@ -134,21 +123,12 @@ def check_lengths(lengths: list[int], wanted: int) -> None:
 
 def translate_all(engine, lines: list[str], batch_size: int, beam: int,
                   lengths: dict[int, int]):
-    """The file through `engine` in src.infer's batches (by source tokens, `lengths`);
-    (translations, seconds)."""
+    """(translations, seconds): the lines in src.infer's batches (by source tokens)."""
     return common.timed(translate_in_batches, lines, batch_size,
                         lambda idx: engine.run([lines[i] for i in idx], beam), lengths)
 
 
 ENGINES = {"ours": OnnxEngine, "ours_baseline": OnnxEngine, "ctranslate2": Ct2Engine}
-
-
-def engine_class(name: str):
-    """`ours`, `ctranslate2`, or `module:Class` (a test's fake engine)."""
-    if name in ENGINES:
-        return ENGINES[name]
-    module, _, cls = name.partition(":")
-    return getattr(importlib.import_module(module), cls)
 
 
 def refuse_foreign_modules(name: str) -> None:
@@ -163,7 +143,8 @@ def worker(spec: dict) -> dict:
     """One pass of one engine over every cell of `spec` (beam x batch), in this process:
     {"pid", "modules" (the foreign ones loaded: none), "seconds" per cell, "outputs"}."""
     refuse_foreign_modules(spec["engine"])
-    engine = engine_class(spec["engine"])(spec)
+    module, _, cls = spec["engine"].partition(":")  # or `module:Class`, a test's fake engine
+    engine = (ENGINES.get(spec["engine"]) or getattr(importlib.import_module(module), cls))(spec)
     lines = spec["lines"]
     lengths = {int(i): n for i, n in spec["lengths"].items()}
     seconds, outputs, score_cost = {}, {}, {}
@@ -184,23 +165,19 @@ def worker(spec: dict) -> dict:
 
 def paired_score_cost(engine, lines: list[str], size: int, beam: int, lengths: dict[int, int],
                       rounds: int) -> dict:
-    """`rounds` pairs of passes of one engine, without and with scores (`engine.scores`), the
-    order swapped each round: each mode's fastest pass (seconds) and each round's speed ratio,
-    scored / plain."""
-    best = {"plain": float("inf"), "scored": float("inf")}
-    ratios = []
-    for mode in best:  # warm-up, both modes
+    """`rounds` pairs of passes without and with scores (`engine.scores`), the order swapped
+    each round: each mode's fastest pass (seconds) and each round's ratio, scored / plain."""
+    taken = {"plain": [], "scored": []}
+    for mode in taken:  # warm-up, both modes
         engine.scores = mode == "scored"
         engine.run(lines[:size], beam)
     for r in range(rounds):
-        taken = {}
         for mode in (("plain", "scored") if r % 2 == 0 else ("scored", "plain")):
             engine.scores = mode == "scored"
-            taken[mode] = translate_all(engine, lines, size, beam, lengths)[1]
-            best[mode] = min(best[mode], taken[mode])
-        ratios.append(taken["plain"] / taken["scored"])
+            taken[mode].append(translate_all(engine, lines, size, beam, lengths)[1])
     engine.scores = False
-    return {**best, "ratios": ratios}
+    return {"plain": min(taken["plain"]), "scored": min(taken["scored"]),
+            "ratios": [p / s for p, s in zip(taken["plain"], taken["scored"])]}
 
 
 def run_worker(spec: dict, work: Path) -> dict:
@@ -231,11 +208,11 @@ class Sitting:
 
     def __init__(self, args: SimpleNamespace, work: Path):
         self.args, self.work = args, work
+        self.precisions = args.precisions.split(",")
         tokenizer_dir = args.models / "tokenizer"
         test = common.test_split(args.split_dir)
         self.sources, self.references = list(test["source"]), list(test["target"])
-        self.target_lang = json.loads(
-            (tokenizer_dir / "tokenizer.json").read_text())["target_lang"]
+        self.target_lang = load_tokenizers(tokenizer_dir).target_lang
         # this process times nothing: it may load a model to count source tokens (batching)
         reference = generation.load_translator(args.models / "model.onnx", threads=1,
                                                warn=lambda _: None)
@@ -249,23 +226,20 @@ class Sitting:
                      "device": args.device, "scores": args.scores, "n_best": args.n_best,
                      "force_length": args.force_length}
         self.names = ["ours", "ctranslate2"] + (["ours_baseline"] if args.baseline else [])
-        self.models_of = {"ours_baseline": str(args.baseline)} if args.baseline else {}
         self.lines = self.sources[: args.sentences] if args.sentences else self.sources
         self.cells = [[beam, size] for beam in ints(args.beams) for size in ints(args.batches)]
 
-    def lengths_of(self, lines: list[str]) -> dict[int, int]:
-        return {i: n for i, n in self.lengths.items() if i < len(lines)}
-
     def spec(self, name: str, precision: str, threads: int, cells, lines, **extra) -> dict:
-        return {**self.base, "engine": name, "precision": precision,
-                "models": self.models_of.get(name, self.base["models"]), "threads": threads,
-                "cells": cells, "lines": lines, "lengths": self.lengths_of(lines), **extra}
+        models = str(self.args.baseline) if name == "ours_baseline" else self.base["models"]
+        return {**self.base, "engine": name, "precision": precision, "models": models,
+                "threads": threads, "cells": cells, "lines": lines,
+                "lengths": {i: n for i, n in self.lengths.items() if i < len(lines)}, **extra}
 
     def passes(self, precision: str, threads: int, cells, lines, repeats: int,
                keep_outputs: bool = False):
-        """Each engine `repeats` times, alternating, each pass a new process; the fastest
-        pass per cell, and the first pass's outputs."""
-        best: dict[str, dict[str, float]] = {}
+        """Each engine `repeats` times, alternating, each pass a new process: the fastest pass
+        of each engine and cell, {(name, "beam,batch"): seconds}, and the first's outputs."""
+        best: dict[tuple[str, str], float] = {}
         outputs: dict[str, dict] = {}
         for _ in range(repeats):
             for name in self.names:
@@ -273,30 +247,33 @@ class Sitting:
                                               keep_outputs=keep_outputs and name not in outputs),
                                     self.work)
                 for cell, seconds in result["seconds"].items():
-                    best.setdefault(name, {})[cell] = min(
-                        seconds, best.get(name, {}).get(cell, float("inf")))
+                    best[name, cell] = min(seconds, best.get((name, cell), float("inf")))
                 outputs.setdefault(name, result["outputs"])
         return best, outputs
 
-    def quality_rows(self, precisions: list[str]) -> Iterator[dict]:
-        """Same translations? The whole test split, beam 4 (or the n-best), batch 32, 2
-        threads: BLEU of each engine and the share of identical strings."""
+    def rows(self) -> Iterator[dict]:
+        """Quality first (not with forced lengths or the cost of scores), then speed or cost."""
+        if not (self.args.force_length or self.args.score_cost):
+            yield from self.quality_rows()
+        yield from (self.score_cost_rows if self.args.score_cost else self.speed_rows)()
+
+    def quality_rows(self) -> Iterator[dict]:
+        """The whole test split, beam 4 (or the n-best), batch 32, 2 threads: BLEU, identical."""
         beam = max(4, self.args.n_best)
-        for precision in precisions:
+        for precision in self.precisions:
             _, outputs = self.passes(precision, 2, [[beam, 32]], self.sources, 1,
                                      keep_outputs=True)
             ours, theirs = outputs["ours"][f"{beam},32"], outputs["ctranslate2"][f"{beam},32"]
-            same = common.same_share(ours, theirs)
             yield {"kind": "quality", "precision": precision, "beam": beam, "batch": 32,
                    "sentences": len(self.sources),
                    "bleu_ours": bleu(ours, self.references, self.target_lang),
                    "bleu_ctranslate2": bleu(theirs, self.references, self.target_lang),
-                   "identical": round(same, 4)}
+                   "identical": round(common.same_share(ours, theirs), 4)}
 
-    def score_cost_rows(self, precisions: list[str]) -> Iterator[dict]:
+    def score_cost_rows(self) -> Iterator[dict]:
         """Each engine with and without scores, paired in its own process."""
         for threads in ints(self.args.threads):
-            for precision in precisions:
+            for precision in self.precisions:
                 for name in self.names:
                     spec = self.spec(name, precision, threads, self.cells, self.lines,
                                      score_cost=self.args.score_cost)
@@ -305,11 +282,11 @@ class Sitting:
                         yield score_cost_row(name, precision, threads, beam, size,
                                              len(self.lines), costs[f"{beam},{size}"])
 
-    def speed_rows(self, precisions: list[str]) -> Iterator[dict]:
+    def speed_rows(self) -> Iterator[dict]:
         """Speed at natural lengths (or forced ones): sent/s of each engine per cell."""
         args = self.args
         for threads in ints(args.threads):
-            for precision in precisions:
+            for precision in self.precisions:
                 best, _ = self.passes(precision, threads, self.cells, self.lines, args.repeats)
                 for beam, size in self.cells:
                     row = {"kind": "speed", "precision": precision, "threads": threads,
@@ -317,7 +294,7 @@ class Sitting:
                            "repeats": args.repeats, "scores": args.scores,
                            "n_best": args.n_best, "force_length": args.force_length}
                     for name in self.names:
-                        seconds = best[name][f"{beam},{size}"]
+                        seconds = best[name, f"{beam},{size}"]
                         row[f"{name}_sent_per_s"] = round(len(self.lines) / seconds, 1)
                     row["ours_vs_ctranslate2"] = round(
                         row["ours_sent_per_s"] / row["ctranslate2_sent_per_s"], 2)
@@ -327,20 +304,28 @@ class Sitting:
                     yield row
 
 
-def run_sitting(args: SimpleNamespace) -> list[dict]:
-    """Quality first (unless only speeds are asked for), then the speed or score-cost rows,
-    each printed as JSON as it is measured."""
-    precisions = args.precisions.split(",")
-    rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as work:
-        sitting = Sitting(args, Path(work))
-        steps = [] if (args.force_length or args.score_cost) else [sitting.quality_rows]
-        steps.append(sitting.score_cost_rows if args.score_cost else sitting.speed_rows)
-        for step in steps:
-            for row in step(precisions):
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    return rows
+def score_cost_row(engine: str, precision: str, threads: int, beam: int, batch: int,
+                   sentences: int, cost: dict) -> dict:
+    ratios = sorted(cost["ratios"])
+    return {"kind": "score_cost", "engine": engine, "precision": precision,
+            "threads": threads, "beam": beam, "batch": batch, "sentences": sentences,
+            "rounds": len(ratios), "plain_sent_per_s": round(sentences / cost["plain"], 1),
+            "scored_sent_per_s": round(sentences / cost["scored"], 1),
+            "scored_vs_plain": round(statistics.median(ratios), 3),
+            "ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)]}
+
+
+def require_gpu() -> None:
+    """Both engines must see a GPU, or the comparison would quietly time a CPU."""
+    import ctranslate2
+    import onnxruntime as ort
+
+    if ctranslate2.get_cuda_device_count() == 0 \
+            or placement.CUDA not in ort.get_available_providers():
+        sys.exit("error: --device cuda needs a GPU that CTranslate2 sees and onnxruntime-gpu's "
+                 "CUDA provider; this machine has "
+                 f"{ctranslate2.get_cuda_device_count()} CUDA device(s) for CTranslate2 and "
+                 f"providers {', '.join(ort.get_available_providers())}")
 
 
 app = common.cli_app()
@@ -373,51 +358,15 @@ def main(
     refuse_combinations(args)
     if device == "cuda":
         require_gpu()
-    rows = run_sitting(args)
-    print_table(rows)
-    if json_out:  # with the command, commit and CPU that produced them
-        common.write_json(json_out, common.record(rows=rows), indent=1)
-
-
-def require_gpu() -> None:
-    """Both engines must see a GPU, or the comparison would quietly time a CPU."""
-    import ctranslate2
-    import onnxruntime as ort
-
-    if ctranslate2.get_cuda_device_count() == 0 \
-            or placement.CUDA not in ort.get_available_providers():
-        sys.exit("error: --device cuda needs a GPU that CTranslate2 sees and onnxruntime-gpu's "
-                 "CUDA provider; this machine has "
-                 f"{ctranslate2.get_cuda_device_count()} CUDA device(s) for CTranslate2 and "
-                 f"providers {', '.join(ort.get_available_providers())}")
-
-
-def score_cost_row(engine: str, precision: str, threads: int, beam: int, batch: int,
-                   sentences: int, cost: dict) -> dict:
-    ratios = sorted(cost["ratios"])
-    return {"kind": "score_cost", "engine": engine, "precision": precision,
-            "threads": threads, "beam": beam, "batch": batch, "sentences": sentences,
-            "rounds": len(ratios), "plain_sent_per_s": round(sentences / cost["plain"], 1),
-            "scored_sent_per_s": round(sentences / cost["scored"], 1),
-            "scored_vs_plain": round(statistics.median(ratios), 3),
-            "ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)]}
-
-
-def print_table(rows: list[dict]) -> None:
-    if any(r["kind"] == "score_cost" for r in rows):
-        print("\n" + "\n".join(markdown_table(
-            ["engine", "precision", "beam", "batch", "threads", "sent/s without scores",
-             "with scores", "with / without (median of rounds)"],
-            [[r["engine"], r["precision"], r["beam"], r["batch"], r["threads"],
-              r["plain_sent_per_s"], r["scored_sent_per_s"],
-              f"{r['scored_vs_plain']} ({r['ratio_range'][0]}-{r['ratio_range'][1]})"]
-             for r in rows if r["kind"] == "score_cost"], ["---"] * 2 + ["---:"] * 6)))
-        return
-    print("\n" + "\n".join(markdown_table(
-        ["precision", "beam", "batch", "threads", "ours sent/s", "CTranslate2 sent/s", "ratio"],
-        [[r["precision"], r["beam"], r["batch"], r["threads"], r["ours_sent_per_s"],
-          r["ctranslate2_sent_per_s"], r["ours_vs_ctranslate2"]]
-         for r in rows if r["kind"] == "speed"], ["---"] + ["---:"] * 6)))
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for row in Sitting(args, Path(work)).rows():
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    sitting = common.record(rows=rows)  # with the command, commit and CPU that produced them
+    print("\n" + engine_tables.report([sitting]))
+    if json_out:
+        common.write_json(json_out, sitting, indent=1)
 
 
 if __name__ == "__main__":

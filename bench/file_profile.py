@@ -5,13 +5,12 @@ node against the time in `session.run` (control nodes apart): docs/engines.md.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
 
 import typer
 
-from bench.common import cli_app, run_cli, test_split
+from bench.common import cli_app, run_cli, test_split, timed
 from src.core import paths
 
 app = cli_app()
@@ -56,22 +55,20 @@ def main(
         translator.session = profiled
     translate = translator.translate_scored if scores else translator.translate
     translate(lines[:batch], beam, batch_size=batch)  # warm-up, in the profile too
-    start = time.perf_counter()
-    translate(lines, beam, batch_size=batch)
-    wall = time.perf_counter() - start
+    _, wall = timed(translate, lines, beam, batch_size=batch)
     trace = Path(profiled.end_profiling())
     events = json.loads(trace.read_text())
     trace.unlink()
-    kernel, calls, run, runs = Counter(), Counter(), 0, []
+    kernel, calls, runs = Counter(), Counter(), []
     for event in events:
         if event.get("cat") == "Session" and event["name"] == "model_run":
-            run += event["dur"]
             runs.append(event["dur"])
         elif event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op = event["args"]["op_name"]
             key = op if by == "op" else f"{op} {event['name'][:-len('_kernel_time')]}"
             kernel[key] += event["dur"]
             calls[key] += 1
+    run = sum(runs)
     leaves = sum(t for key, t in kernel.items() if key.split()[0] not in CONTROL)
     print(f"{model.name}, beam {beam}, batch {batch}, {threads} thread(s), {len(lines)} "
           f"sentences + a warm-up batch: session.run {run / 1e6:.3f} s, leaf kernels "

@@ -579,29 +579,6 @@ def test_idle_search_runs_every_step_it_is_given(beam):
         assert not np.any(sequences[0, 0, 1:] == 3)  # no EOS: the search ran out of length
 
 
-@pytest.mark.parametrize("k, n", [(6, 6), (4, 6)])
-def test_chained_products_are_a_chain(k, n):
-    # benchmark_kernels' `chain` table times products that each read the one before, each with
-    # a weight of its own; the model must compute exactly that: x @ w0 @ w1 ... @ w(PRODUCTS-1).
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from onnx import numpy_helper
-
-    kernels = ort_kernels
-    model = kernels.chained_products(k, n)
-    weights = [numpy_helper.to_array(w).astype(np.float64)
-               for w in onnx.load_from_string(model).graph.initializer]
-    x = np.random.default_rng(2).standard_normal((3, k)).astype(np.float32)
-    expected = x.astype(np.float64)
-    assert len(weights) == kernels.PRODUCTS
-    for weight in weights:
-        expected = expected @ weight
-    (got,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    assert got.shape == (3, n if kernels.PRODUCTS % 2 and n != k else k)
-    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=0)
-
-
 def test_the_train_step_benchmark_switches_one_lever_off_and_back(monkeypatch):
     # `--without` measures a lever of the bf16 CPU step alone: inside levers_off the step runs
     # without it, and afterwards as shipped again.

@@ -66,7 +66,7 @@ def run(*args) -> str:
 
 def test_each_cell_is_judged_by_its_worst_sitting():
     sittings = load_sittings()
-    rows = [sittings.speed_rows(s) for s in (FIRST, SECOND)]
+    rows = [sittings.rows_of(s, "speed") for s in (FIRST, SECOND)]
     cells = sittings.cell_table(rows)
     assert cells[2] == "| int8 1 1, 1 | 330.0 / 415.0 (0.8) | 340.0 / 170.0 (2.0) | 0.8 |"
     best = sittings.best_thread_table(rows)
