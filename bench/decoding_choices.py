@@ -34,15 +34,15 @@ BASELINE = next(iter(ROWS))
 
 
 def evaluate(root: Path, split: str, model: str, out: Path) -> dict:
-    """One `src.evaluate` of the split into `out`; its stats (BLEU, chrF, sentences/s)."""
-    files = {name: out / f"{split}.{name}" for name in
-             ("metrics.json", "stats.json", "translations.tsv", "risk_coverage.csv")}
+    """One `src.evaluate` of the split, its files in `out`; its stats (BLEU, chrF, sent/s)."""
+    files = {"--metrics": "metrics.json", "--stats": "stats.json",
+             "--translations": "translations.tsv", "--risk-coverage": "risk_coverage.csv"}
     cmd = [sys.executable, "-m", "src.evaluate", "--split", split,
-           "--model-path", str(root / model), "--metrics", str(files["metrics.json"]),
-           "--stats", str(files["stats.json"]), "--translations", str(files["translations.tsv"]),
-           "--risk-coverage", str(files["risk_coverage.csv"])]
+           "--model-path", str(root / model)]
+    for option, name in files.items():
+        cmd += [option, str(out / f"{split}.{name}")]
     subprocess.run(cmd, cwd=REPO, env=common.project_env(root), check=True)
-    return json.loads(files["stats.json"].read_text(encoding="utf-8"))
+    return json.loads((out / f"{split}.stats.json").read_text(encoding="utf-8"))
 
 
 def run_row(root: Path, name: str, out: Path) -> dict:

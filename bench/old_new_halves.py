@@ -29,11 +29,8 @@ def halves(old_split: Path, full_split: Path, sample: int, seed: int) -> dict[st
     old_pairs = list(zip(old["source"], old["target"]))
     old_sources = {src for src, _ in old_pairs}
     new_pairs = [(s, t) for s, t in zip(full["source"], full["target"]) if s not in old_sources]
-    found = {}
-    for name, pairs in (("old", old_pairs), ("new", new_pairs)):
-        rng = random.Random(f"{seed}/{name}")
-        found[name] = rng.sample(pairs, min(sample, len(pairs)))
-    return found
+    return {name: random.Random(f"{seed}/{name}").sample(pairs, min(sample, len(pairs)))
+            for name, pairs in (("old", old_pairs), ("new", new_pairs))}
 
 
 def score_model(model_path: Path, pairs: list, cfg: EvaluateParams) -> dict:
