@@ -43,26 +43,19 @@ def run_row(name: str, results: Path, root: Path = REPO) -> dict:
         subprocess.run(cmd, cwd=root, check=True)
     finally:
         params.write_bytes(before)
-    row = workspace_row(root, name, ROWS[name]["what"], {"overrides": overrides},
-                        time.perf_counter() - start)
-    append_row(results, row)
-    return row
-
-
-def append_row(results: Path, row: dict) -> None:
-    with results.open("a") as fh:
-        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return append_row(results, root, name, ROWS[name]["what"], {"overrides": overrides},
+                      time.perf_counter() - start)
 
 
 # what a row keeps of each named test set (evaluate's data/eval/stats.json, `test_sets`)
 TEST_SET_KEYS = ("bleu", "chrf", "bleu_ge10w", "chrf_ge10w")
 
 
-def workspace_row(root: Path, name: str, what: str, recipe: dict, wall_seconds: float
-                  ) -> dict:
-    """A row from the files a run of the pipeline left in `root`: evaluate's and train's
-    stats, and each named test set's scores; `recipe` is {"overrides": the row's `-S`
-    settings} or, for a recorded run, {"changes": its params.yaml changes as text}."""
+def append_row(results: Path, root: Path, name: str, what: str, recipe: dict,
+               wall_seconds: float) -> dict:
+    """A row from the files a run of the pipeline left in `root`, appended to `results`:
+    evaluate's and train's stats, and each named test set's scores; `recipe` is {"overrides":
+    the row's `-S` settings} or, for a recorded run, {"changes": its params.yaml changes}."""
     evaluated = read_json(root / "data/eval/stats.json")
     trained = read_json(root / "models/train_stats.json")
     row = {"name": name, "what": what, **recipe,
@@ -75,6 +68,8 @@ def workspace_row(root: Path, name: str, what: str, recipe: dict, wall_seconds: 
     if evaluated.get("test_sets"):
         row["test_sets"] = {test_set: {k: scores.get(k) for k in TEST_SET_KEYS}
                             for test_set, scores in evaluated["test_sets"].items()}
+    with results.open("a") as fh:
+        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return row
 
 
@@ -122,10 +117,9 @@ def main(
         if not (record / "data/eval/stats.json").exists():
             sys.exit(f"error: {record} holds no data/eval/stats.json: run the pipeline there")
         # "changes", not "overrides": no `dvc exp run -S` of ROWS re-runs such a row
-        row = workspace_row(record, name, what,
-                            {"changes": dict(item.split("=", 1) for item in change)},
-                            60 * wall_minutes)
-        append_row(results, row)
+        row = append_row(results, record, name, what,
+                         {"changes": dict(item.split("=", 1) for item in change)},
+                         60 * wall_minutes)
         print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']}, recorded in {results}")
         return
     names = chosen(rows, ROWS, "--rows", "row") or list(ROWS)

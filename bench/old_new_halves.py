@@ -51,13 +51,12 @@ def main(
     full_split: Path = typer.Option(..., help="data/split of the run on all training pairs."),
     model: list[str] = typer.Option(..., help="name=path/to/model.pt (tokenizer/ beside it)."),
     sample: int = typer.Option(2000, help="Pairs drawn from each half."),
-    seed: int = typer.Option(0, help="Seed of the samples."),
     out: Path = typer.Option(Path("halves.json"), help="JSON to write."),
 ) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = load_params(EvaluateParams)
-    pairs = halves(old_split, full_split, sample, seed)
-    report: dict = {"sample": sample, "seed": seed, "beam_size": cfg.beam_size,
+    pairs = halves(old_split, full_split, sample, seed=0)
+    report: dict = {"sample": sample, "seed": 0, "beam_size": cfg.beam_size,
                     "pairs_per_half": {k: len(v) for k, v in pairs.items()}, "models": {}}
     for spec in model:
         name, _, path = spec.partition("=")

@@ -55,15 +55,10 @@ def paired_test(baseline: list[str], candidate: list[str], references: list[str]
     systems = [("baseline", baseline), ("candidate", candidate)]
     # sacreBLEU seeds its resampling (SACREBLEU_SEED, 12345 unless set): the p-value repeats.
     _, scores = PairedTest(systems, metrics, [references], test_type=test, n_samples=1000)()
-    result = {}
-    for name, (base, cand) in scores.items():
-        if name == "System":
-            continue
-        metric = "BLEU" if name.startswith("BLEU") else "chrF"
-        result[metric] = {"baseline": round(base.score, 2), "candidate": round(cand.score, 2),
-                          "difference": round(cand.score - base.score, 2),
-                          "p_value": cand.p_value}
-    return result
+    return {"BLEU" if name.startswith("BLEU") else "chrF": {
+                "baseline": round(base.score, 2), "candidate": round(cand.score, 2),
+                "difference": round(cand.score - base.score, 2), "p_value": cand.p_value}
+            for name, (base, cand) in scores.items() if name != "System"}  # chrF is "chrF2"
 
 
 def verdict(bleu: dict) -> str:

@@ -61,8 +61,7 @@ def run_in_main_dvc_lock(runs: list[dict], source: str) -> int:
 
 
 def default_run(runs: list[dict]) -> list[str]:
-    """The default recipe, one column per run; under the table, one line per run: its machine,
-    allocator and what ran beside it."""
+    """One column per run; under the table, a line per run on how it ran."""
     def column(run: dict) -> list:
         t, test, ex = run["train"], run["test"], run["export"]
         # a run stopped and resumed has step time but no single wall-clock figure
@@ -95,10 +94,11 @@ def default_run(runs: list[dict]) -> list[str]:
                 "`model.onnx`: size, test BLEU",
                 "`model.int8.onnx`: size, test BLEU, same output as fp32"]
     columns = [column(run) for run in runs]
-    return markdown_table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
-                          [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)]) + [
-        ""] + [f"- Run {i + 1}: {run['machine']}; allocator: {run.get('allocator', 'glibc')}; "
-               f"beside it: {run.get('beside', 'not recorded')}." for i, run in enumerate(runs)]
+    table = markdown_table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
+                           [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])
+    return table + [""] + [
+        f"- Run {i + 1}: {run['machine']}; allocator: {run.get('allocator', 'glibc')}; "
+        f"beside it: {run.get('beside', 'not recorded')}." for i, run in enumerate(runs)]
 
 
 def decoding_choices(decoding: dict) -> list[str]:
@@ -134,7 +134,6 @@ def spread(by_name: dict[str, dict]) -> str:
 
 
 def full_rows(rows: list[dict]) -> list[str]:
-    """Full-length runs (`full-*` rows): the recipe's ablation, chosen on valid BLEU."""
     return markdown_table(
         ["row", "what", "overrides", "valid BLEU", "test BLEU", "<= 6", "7-9", ">= 10", "chrF",
          "epochs", "train min", "commit"],
@@ -165,8 +164,7 @@ def against_hsk_targets(row: dict, base: dict) -> str:
 
 
 def hsk_rows(rows: list[dict]) -> list[str]:
-    """Whole runs scored on the HSK test sets (`hsk-*` rows): today's default, then each
-    recipe with the dictionary against it; under the table, the rows' notes."""
+    """Today's default, then each recipe against it; under the table, the rows' notes."""
     base = {r["name"]: r for r in rows}[HSK_BASE_ROW]
     return markdown_table(
         ["row", "what", "valid BLEU", "test BLEU", "hsk_dev BLEU / chrF",
@@ -201,8 +199,7 @@ def short_cpu(cpu: str) -> str:
 
 
 def training_speed_by_precision(all_sittings: list[dict]) -> list[str]:
-    """Peer and ours in fp32 and bf16, the last sitting on each CPU: one line per sitting
-    saying how it ran, then one table of their rows; shares of each precision's own peak."""
+    """A line per CPU's last sitting on how it ran, then one table of their rows."""
     sittings = latest_by_cpu(all_sittings)
     lines = [f"- **{short_cpu(s['cpu'])}**, code at `{s['commit']}`, {s['date']}: "
              f"{s['what']} CPU: {s['cpu']}. Matmul peaks: `{s['peak_command']}`."
@@ -229,13 +226,8 @@ def speed_rows(sitting: dict) -> list[list]:
 
 
 def continuous_training(ct: dict) -> list[str]:
-    """A parent on half the training sources, fine-tuned on all of them with several recipes,
-    and the from-scratch run on all of them: one row per run."""
-    def half(run: dict, which: str) -> str:
-        one = run["halves"][which]
-        return f"{one['bleu']} / {one['chrf']}"
-
     def recipe(run: dict) -> str:
+        """A fine-tune's lr / warmup / epochs: FINETUNE_BASE with its command's overrides."""
         if "init_from" not in run["command"]:
             return ""
         values = dict(FINETUNE_BASE)
@@ -250,12 +242,12 @@ def continuous_training(ct: dict) -> list[str]:
         [[r["name"], f"`{r['command']}`", recipe(r), f"{r['train_pairs']:,}",
           f"{r['epochs']}, {r['steps']:,}", r["train_minutes"], f"{r['tokens_per_s']:,.0f}",
           r["valid_bleu"], f"**{r['test']['bleu']}**", r["test"]["chrf"],
-          r["test"]["bleu_ge10w"], half(r, "old"), half(r, "new")] for r in ct["runs"]])
+          r["test"]["bleu_ge10w"], *(f"{r['halves'][h]['bleu']} / {r['halves'][h]['chrf']}"
+                                     for h in ("old", "new"))] for r in ct["runs"]])
 
 
 def fine_tune_against_scratch(ct: dict) -> dict:
-    """The fields of the paragraph under the continuous-training table: today's fine-tune
-    recipe against the parent and the from-scratch run."""
+    """The figures of the paragraph under the table: today's recipe against the others."""
     by = {r["name"].split()[0]: r for r in ct["runs"]}
     tuned, scratch = by[FINETUNE_RUN], by[SCRATCH_RUN]
     speeds = [r["tokens_per_s"] for r in ct["runs"]]
