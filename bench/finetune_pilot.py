@@ -103,10 +103,11 @@ def main(
     on_gpu = torch.cuda.is_available()
     threads = max(1, (os.cpu_count() or 1) // len(specs)) if on_gpu else 0
     roots = [prepare(project, out, c, threads) for c in specs]
-    # each candidate starts when the one before has ended, or on a GPU (small models leave it
-    # mostly idle) all at once
-    runs = ((root, start(root)) for root in roots)
-    failed = [root.name for root, proc in (list(runs) if on_gpu else runs) if proc.wait()]
+    if on_gpu:  # small models leave a GPU mostly idle: all at once
+        procs = [start(root) for root in roots]
+        failed = [root.name for root, proc in zip(roots, procs) if proc.wait()]
+    else:
+        failed = [root.name for root in roots if start(root).wait()]
     if failed:
         raise PipelineError(f"{', '.join(failed)} failed; see {out / failed[0] / 'train.log'}")
     rows = [row(root) for root in roots]

@@ -117,8 +117,9 @@ def main(
         if unknown:
             raise typer.BadParameter(f"not configured in [tool.mutmut]: {sorted(unknown)}",
                                      param_hint="--only")
-        config.write_text(re.sub(r"only_mutate = \[.*?\]", lambda _: "only_mutate = "
-                                 + json.dumps(wanted), text, count=1, flags=re.DOTALL))
+        listed = f"only_mutate = {json.dumps(wanted)}"
+        config.write_text(re.sub(r"only_mutate = \[.*?\]", lambda _: listed, text, count=1,
+                                 flags=re.DOTALL))
     # One thread: a fork of a process holding OpenMP threads hangs, and each such mutant would
     # time out and count as killed; Hypothesis's `mutation` profile does not shrink (testing.md).
     env = os.environ | {"HYPOTHESIS_PROFILE": "mutation", "OMP_NUM_THREADS": "1",
