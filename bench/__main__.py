@@ -32,10 +32,9 @@ TOOLS = {
                        "docs/web.md", "docs/benchmarks/web_page.json"),
     "gpu_check": ("what a GPU adds: placement, parity, BLEU, batch table, serving, engines, "
                   "training", "docs/gpu.md", "docs/benchmarks/gpu_check.json"),
-    "data_scaling": ("seconds and peak memory of the data stages as the corpus grows",
-                     "docs/scaling.md", "docs/benchmarks/data_scaling_sittings.json"),
-    "make_corpus": ("a large synthetic corpus recombined from a real one (for data_scaling)",
-                    "docs/scaling.md", "(a TSV)"),
+    "data_scaling": ("seconds and peak memory of the data stages as the corpus grows (--corpus:"
+                     " only write a recombined corpus to try them on)", "docs/scaling.md",
+                     "docs/benchmarks/data_scaling_sittings.json"),
     "paired_significance": ("is a candidate's BLEU better than a baseline's: paired bootstrap "
                             "or approximate randomisation", "docs/experiments.md", "(prints)"),
     "decoding_choices": ("beam size, length penalty and checkpoint on one model, valid and "

@@ -1,10 +1,12 @@
 """Seconds and peak memory of the data stages (download, split, tokenize, and optionally
-training steps) as the corpus grows, on recombined corpora in scratch projects: docs/scaling.md.
+training steps) as the corpus grows, on corpora recombined from a real one (1-3 pairs joined,
+seeded: to measure the stages, not to train on) in scratch projects: docs/scaling.md.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -17,9 +19,26 @@ import typer
 
 from bench import common
 from bench.common import REPO, ints
-from bench.make_corpus import read_pairs, recombined
+from src.core.text import read_lines
 
 app = common.cli_app()
+
+
+def read_pairs(path: Path) -> list[tuple[str, str]]:
+    """The (source, target) of each line whose first two columns are not blank."""
+    cols = (line.split("\t") for line in read_lines(path))
+    return [(c[0].strip(), c[1].strip()) for c in cols if len(c) >= 2 and c[0].strip()
+            and c[1].strip()]
+
+
+def write_corpus(path: Path, pairs: list[tuple[str, str]], n: int) -> None:
+    """`n` pairs, each 1-3 of `pairs` drawn with seed 0 and joined (targets without a space, as
+    Chinese is written), as a TSV."""
+    rng = random.Random(0)
+    with path.open("w", encoding="utf-8") as fh:
+        for _ in range(n):
+            parts = [pairs[rng.randrange(len(pairs))] for _ in range(rng.choice((1, 1, 2, 3)))]
+            fh.write(" ".join(s for s, _ in parts) + "\t" + "".join(t for _, t in parts) + "\n")
 
 
 def tree_rss_mb(proc: psutil.Process) -> float:
@@ -114,19 +133,28 @@ def main(
     train_steps: int = typer.Option(0, min=0, help="Also time this many training steps."),
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
     hub: bool = typer.Option(False, "--hub", help="Read it as a Hub dataset, offline."),
+    corpus_out: Path = typer.Option(None, "--corpus", help="Only write the corpus of one size "
+                                    "here, to try the stages on; nothing is timed."),
 ) -> None:
     """Print pairs, stage, seconds and peak RSS for download, split and tokenize."""
+    base, sizes = read_pairs(source), ints(pairs)
+    if not base:
+        raise typer.BadParameter(f"{source} holds no tab-separated pair", param_hint="--source")
+    if corpus_out:
+        if len(sizes) != 1:
+            raise typer.BadParameter("one size with --corpus", param_hint="--pairs")
+        write_corpus(corpus_out, base, sizes[0])
+        print(f"wrote {sizes[0]:,} pairs to {corpus_out}")
+        return
     stages = ["download", "split", "tokenize"] + (["train"] if train_steps else [])
     module = {"tokenize": "src.tokenize_corpus"}
     rows = []
     print(f"{'pairs':>10} {'stage':<9} {'seconds':>8} {'peak RSS MB':>12} {'all processes':>14}")
-    for size in ints(pairs):
+    for size in sizes:
         with tempfile.TemporaryDirectory(prefix="nmt-bench-") as tmp:
             root = Path(tmp)
             corpus = root / "corpus.tsv"
-            with corpus.open("w", encoding="utf-8") as fh:  # make_corpus's defaults
-                fh.writelines(f"{en}\t{zh}\n" for en, zh in recombined(read_pairs(source),
-                                                                        size, 0, ""))
+            write_corpus(corpus, base, size)
             source_params = hub_snapshot(corpus, root / "hub") if hub else None
             scratch_project(root, corpus, size, train_steps, source_params)
             env = common.project_env(root)

@@ -34,21 +34,22 @@ BASELINE = next(iter(ROWS))
 
 
 def evaluate(root: Path, split: str, model: str, out: Path) -> dict:
-    """One `src.evaluate` of the split into `out`; its stats (BLEU, chrF, sentences/s)."""
-    files = {name: out / f"{split}.{name}" for name in
-             ("metrics.json", "stats.json", "translations.tsv", "risk_coverage.csv")}
+    """One `src.evaluate` of the split, its files in `out`; its stats (BLEU, chrF, sent/s)."""
+    files = {"--metrics": "metrics.json", "--stats": "stats.json",
+             "--translations": "translations.tsv", "--risk-coverage": "risk_coverage.csv"}
     cmd = [sys.executable, "-m", "src.evaluate", "--split", split,
-           "--model-path", str(root / model), "--metrics", str(files["metrics.json"]),
-           "--stats", str(files["stats.json"]), "--translations", str(files["translations.tsv"]),
-           "--risk-coverage", str(files["risk_coverage.csv"])]
+           "--model-path", str(root / model)]
+    for option, name in files.items():
+        cmd += [option, str(out / f"{split}.{name}")]
     subprocess.run(cmd, cwd=REPO, env=common.project_env(root), check=True)
-    return json.loads(files["stats.json"].read_text(encoding="utf-8"))
+    return json.loads((out / f"{split}.stats.json").read_text(encoding="utf-8"))
 
 
 def run_row(root: Path, name: str, out: Path) -> dict:
     """Both splits of one row, with its search settings written into params.yaml for the
     time it runs."""
     what, beam, length_penalty, model = ROWS[name]
+    out.mkdir()
     params = root / "params.yaml"
     before = params.read_bytes()
     settings = yaml.safe_load(before)
@@ -64,9 +65,8 @@ def run_row(root: Path, name: str, out: Path) -> dict:
         sys.exit(f"decoding_choices: row {name} asked for beam {beam}, evaluate searched with "
                  f"{sorted(searched)}")
     return {"name": name, "what": what, "beam": beam, "length_penalty": length_penalty,
-            "model": model, "valid_bleu": scores["valid"]["bleu"],
-            "valid_chrf": scores["valid"]["chrf"], "test_bleu": scores["test"]["bleu"],
-            "test_chrf": scores["test"]["chrf"],
+            "model": model, **{f"{split}_{k}": scores[split][k] for split in ("valid", "test")
+                               for k in ("bleu", "chrf")},
             "test_sent_s": scores["test"]["sentences_per_s"]}
 
 
@@ -90,14 +90,12 @@ def main(
     found = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            out = Path(tmp) / name
-            out.mkdir()
-            row = run_row(root, name, out)
+            row = run_row(root, name, Path(tmp) / name)
             if name != BASELINE:
-                translations = [read_translations(Path(tmp) / n / "valid.translations.tsv")
-                                for n in (BASELINE, name)]
-                bleu = paired_test(translations[0]["hypothesis"], translations[1]["hypothesis"],
-                                   translations[0]["reference"], target_lang)["BLEU"]
+                base, cand = (read_translations(Path(tmp) / n / "valid.translations.tsv")
+                              for n in (BASELINE, name))
+                bleu = paired_test(base["hypothesis"], cand["hypothesis"], base["reference"],
+                                   target_lang)["BLEU"]
                 row["valid_p_bleu"] = round(bleu["p_value"], 4)
             found.append(row)
             print(f"  {name:<16} valid BLEU {row['valid_bleu']:6.2f}  test BLEU "

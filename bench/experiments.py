@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from bench.common import REPO, cli_app, markdown_table, read_jsonl, run_cli
+from bench.common import REPO, chosen, cli_app, markdown_table, read_jsonl, run_cli
 from src.core.reports import LENGTH_BUCKETS
 
 # name -> {"what": what it tests, "overrides": its `-S key=value`s}, each row's whole recipe.
@@ -30,13 +30,11 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) -> dict:
-    what, overrides = ROWS[name]["what"], ROWS[name]["overrides"]
-    settings = {**extra, **overrides}  # a row's own overrides win (en-vi has its own data)
-    cmd = ["dvc", "exp", "run", "-n", name]
-    for key, value in settings.items():
-        cmd += ["-S", f"{key}={value}"]
-    cmd.append(TARGET)
+def run_row(name: str, results: Path, root: Path = REPO) -> dict:
+    overrides = ROWS[name]["overrides"]
+    cmd = ["dvc", "exp", "run", "-n", name,
+           *[word for key, value in overrides.items() for word in ("-S", f"{key}={value}")],
+           TARGET]
     print("$ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
     params = root / "params.yaml"
@@ -45,25 +43,19 @@ def run_row(name: str, extra: dict[str, str], results: Path, root: Path = REPO) 
         subprocess.run(cmd, cwd=root, check=True)
     finally:
         params.write_bytes(before)
-    row = workspace_row(root, name, what, {"overrides": overrides}, time.perf_counter() - start)
-    append_row(results, row)
-    return row
-
-
-def append_row(results: Path, row: dict) -> None:
-    with results.open("a") as fh:
-        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return append_row(results, root, name, ROWS[name]["what"], {"overrides": overrides},
+                      time.perf_counter() - start)
 
 
 # what a row keeps of each named test set (evaluate's data/eval/stats.json, `test_sets`)
 TEST_SET_KEYS = ("bleu", "chrf", "bleu_ge10w", "chrf_ge10w")
 
 
-def workspace_row(root: Path, name: str, what: str, recipe: dict, wall_seconds: float
-                  ) -> dict:
-    """A row from the files a run of the pipeline left in `root`: evaluate's and train's
-    stats, and each named test set's scores; `recipe` is {"overrides": the row's `-S`
-    settings} or, for a recorded run, {"changes": its params.yaml changes as text}."""
+def append_row(results: Path, root: Path, name: str, what: str, recipe: dict,
+               wall_seconds: float) -> dict:
+    """A row from the files a run of the pipeline left in `root`, appended to `results`:
+    evaluate's and train's stats, and each named test set's scores; `recipe` is {"overrides":
+    the row's `-S` settings} or, for a recorded run, {"changes": its params.yaml changes}."""
     evaluated = read_json(root / "data/eval/stats.json")
     trained = read_json(root / "models/train_stats.json")
     row = {"name": name, "what": what, **recipe,
@@ -76,6 +68,8 @@ def workspace_row(root: Path, name: str, what: str, recipe: dict, wall_seconds: 
     if evaluated.get("test_sets"):
         row["test_sets"] = {test_set: {k: scores.get(k) for k in TEST_SET_KEYS}
                             for test_set, scores in evaluated["test_sets"].items()}
+    with results.open("a") as fh:
+        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return row
 
 
@@ -96,7 +90,6 @@ app = cli_app()
 @app.command(help=__doc__)
 def main(
     rows: str = typer.Option("", help="Comma-separated row names (default: all)."),
-    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="For every row."),
     results: Path = typer.Option(REPO / "docs" / "experiments.jsonl", help="Rows appended here."),
     list_rows: bool = typer.Option(False, "--list", help="List the rows and exit."),
     record: Path = typer.Option(None, help="Record one row from a workspace where the pipeline "
@@ -124,24 +117,19 @@ def main(
         if not (record / "data/eval/stats.json").exists():
             sys.exit(f"error: {record} holds no data/eval/stats.json: run the pipeline there")
         # "changes", not "overrides": no `dvc exp run -S` of ROWS re-runs such a row
-        row = workspace_row(record, name, what,
-                            {"changes": dict(item.split("=", 1) for item in change)},
-                            60 * wall_minutes)
-        append_row(results, row)
+        row = append_row(results, record, name, what,
+                         {"changes": dict(item.split("=", 1) for item in change)},
+                         60 * wall_minutes)
         print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']}, recorded in {results}")
         return
-    names = [n for n in rows.split(",") if n] or list(ROWS)
-    unknown = [n for n in names if n not in ROWS]
-    if unknown:
-        sys.exit(f"error: unknown row(s) {', '.join(unknown)}; see --list")
-    extra = dict(item.split("=", 1) for item in set_)
+    names = chosen(rows, ROWS, "--rows", "row") or list(ROWS)
     done = {r["name"] for r in read_jsonl(results)}
     for name in names:
         if name in done:
             print(f"{name}: already in {results}, skipped")
             continue
         try:
-            row = run_row(name, extra, results)
+            row = run_row(name, results)
         except subprocess.CalledProcessError as exc:
             sys.exit(f"error: row {name} failed (exit {exc.returncode}); see the output above")
         print(f"{name}: BLEU {row['bleu']} chrF {row['chrf']} ({row['wall_seconds']} s)",

@@ -21,24 +21,19 @@ from bench import common
 from bench.common import REPO
 from src.core.errors import PipelineError
 
-SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)=(?P<lr>[0-9.eE+-]+),(?P<warmup>\d+)"
-                  r"(,(?P<epochs>\d+))?$")
+SPEC = re.compile(r"(?P<name>[A-Za-z0-9_-]+)=(?P<lr>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?),"
+                  r"(?P<warmup>\d+)(?:,(?P<epochs>\d+))?")
 
 
 def parse_candidate(spec: str) -> dict:
     """NAME=LR,WARMUP[,EPOCHS] -> {"name", "lr", "warmup_steps"[, "epochs"]}."""
-    match = SPEC.match(spec)
-    try:
-        lr = float(match["lr"]) if match else 0.0
-    except ValueError:
-        lr = 0.0
-    if not match or lr <= 0:
+    match = SPEC.fullmatch(spec)
+    if not match or float(match["lr"]) <= 0:
         raise typer.BadParameter(
             f"{spec!r} is not NAME=LR,WARMUP[,EPOCHS] (e.g. C5=1e-3,1000 or C5=1e-3,1000,24)")
-    candidate = {"name": match["name"], "lr": lr, "warmup_steps": int(match["warmup"])}
-    if match["epochs"]:
-        candidate["epochs"] = int(match["epochs"])
-    return candidate
+    epochs = {"epochs": int(match["epochs"])} if match["epochs"] else {}
+    return {"name": match["name"], "lr": float(match["lr"]),
+            "warmup_steps": int(match["warmup"]), **epochs}
 
 
 def prepare(project: Path, out: Path, candidate: dict, threads: int) -> Path:
@@ -60,21 +55,23 @@ def prepare(project: Path, out: Path, candidate: dict, threads: int) -> Path:
 def start(root: Path) -> subprocess.Popen:
     """The train stage on the candidate's copy, its output in train.log (the child keeps the
     file open; ours closes here)."""
+    print(f"finetune_pilot: {root.name} training ({root / 'train.log'})", file=sys.stderr,
+          flush=True)
     with open(root / "train.log", "w") as log:
         return subprocess.Popen([sys.executable, "-m", "src.train"], cwd=REPO,
                                 env=common.project_env(root), stdout=log, stderr=subprocess.STDOUT)
 
 
-def row(candidate: dict, root: Path, params: dict) -> dict:
+def row(root: Path) -> dict:
+    """The candidate's row, from the params.yaml and files its run left in its copy."""
+    finetune = common.read_params(root / "params.yaml")["finetune"]
     stats = json.loads((root / "models/train_stats.json").read_text())
     with open(root / "models/valid_curve.csv") as f:
         curve = list(csv.DictReader(f))
-    finetune = params["finetune"]
-    return {"candidate": candidate["name"], "finetune.lr": finetune["lr"],
-            "finetune.warmup_steps": finetune["warmup_steps"],
-            "finetune.epochs": finetune["epochs"], **{k: stats[k] for k in (
-                "steps", "epochs", "valid_bleu", "final_valid_loss", "train_minutes",
-                "tokens_per_s", "precision", "threads")},
+    return {"candidate": root.name,
+            **{f"finetune.{k}": finetune[k] for k in ("lr", "warmup_steps", "epochs")},
+            **{k: stats[k] for k in ("steps", "epochs", "valid_bleu", "final_valid_loss",
+                                     "train_minutes", "tokens_per_s", "precision", "threads")},
             "valid_bleu_by_epoch": [float(r["valid_bleu"]) for r in curve if r["valid_bleu"]],
             "valid_loss_by_epoch": [float(r["valid_loss"]) for r in curve]}
 
@@ -106,21 +103,14 @@ def main(
     on_gpu = torch.cuda.is_available()
     threads = max(1, (os.cpu_count() or 1) // len(specs)) if on_gpu else 0
     roots = [prepare(project, out, c, threads) for c in specs]
-    failed = []
     if on_gpu:  # small models leave a GPU mostly idle: all at once
-        for candidate, proc in [(c, start(r)) for c, r in zip(specs, roots)]:
-            if proc.wait():
-                failed.append(candidate["name"])
+        procs = [start(root) for root in roots]
+        failed = [root.name for root, proc in zip(roots, procs) if proc.wait()]
     else:
-        for candidate, root in zip(specs, roots):
-            print(f"finetune_pilot: {candidate['name']} training ({root / 'train.log'})",
-                  file=sys.stderr, flush=True)
-            if start(root).wait():
-                failed.append(candidate["name"])
+        failed = [root.name for root in roots if start(root).wait()]
     if failed:
-        first = out / failed[0] / "train.log"
-        raise PipelineError(f"{', '.join(failed)} failed; see {first}")
-    rows = [row(c, r, common.read_params(r / "params.yaml")) for c, r in zip(specs, roots)]
+        raise PipelineError(f"{', '.join(failed)} failed; see {out / failed[0] / 'train.log'}")
+    rows = [row(root) for root in roots]
     report = {"command": common.command(), "device": "cuda" if on_gpu else "cpu", "rows": rows}
     common.write_json(out / "pilot.json", report, indent=1)
     for r in rows:

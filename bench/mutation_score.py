@@ -111,20 +111,17 @@ def main(
     copy_renamed(work)
     if only:
         config = work / "pyproject.toml"
-        project = tomllib.loads(config.read_text())
-        wanted = [OURS.sub(RENAMED, m) for m in only]
-        unknown = set(wanted) - set(project["tool"]["mutmut"]["only_mutate"])
-        if unknown:
-            print(f"error: not configured in [tool.mutmut]: {sorted(unknown)}", file=sys.stderr)
-            return 2
         text = config.read_text()
-        start = text.index("only_mutate = [")
-        end = text.index("]", start) + 1
-        config.write_text(text[:start] + "only_mutate = " + json.dumps(wanted) + text[end:])
-    # A property test that fails kills its mutant without shrinking the example
-    # (tests/conftest.py). One thread: mutmut forks each mutant's run from a process that has
-    # imported torch, and a fork of a process with OpenMP threads hangs at its first parallel
-    # operator (each such mutant would wait out its timeout and count as killed).
+        wanted = [OURS.sub(RENAMED, m) for m in only]
+        unknown = set(wanted) - set(tomllib.loads(text)["tool"]["mutmut"]["only_mutate"])
+        if unknown:
+            raise typer.BadParameter(f"not configured in [tool.mutmut]: {sorted(unknown)}",
+                                     param_hint="--only")
+        listed = f"only_mutate = {json.dumps(wanted)}"
+        config.write_text(re.sub(r"only_mutate = \[.*?\]", lambda _: listed, text, count=1,
+                                 flags=re.DOTALL))
+    # One thread: a fork of a process holding OpenMP threads hangs, and each such mutant would
+    # time out and count as killed; Hypothesis's `mutation` profile does not shrink (testing.md).
     env = os.environ | {"HYPOTHESIS_PROFILE": "mutation", "OMP_NUM_THREADS": "1",
                         "MKL_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=work, env=env)

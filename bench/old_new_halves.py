@@ -29,11 +29,8 @@ def halves(old_split: Path, full_split: Path, sample: int, seed: int) -> dict[st
     old_pairs = list(zip(old["source"], old["target"]))
     old_sources = {src for src, _ in old_pairs}
     new_pairs = [(s, t) for s, t in zip(full["source"], full["target"]) if s not in old_sources]
-    found = {}
-    for name, pairs in (("old", old_pairs), ("new", new_pairs)):
-        rng = random.Random(f"{seed}/{name}")
-        found[name] = rng.sample(pairs, min(sample, len(pairs)))
-    return found
+    return {name: random.Random(f"{seed}/{name}").sample(pairs, min(sample, len(pairs)))
+            for name, pairs in (("old", old_pairs), ("new", new_pairs))}
 
 
 def score_model(model_path: Path, pairs: list, cfg: EvaluateParams) -> dict:
@@ -54,13 +51,12 @@ def main(
     full_split: Path = typer.Option(..., help="data/split of the run on all training pairs."),
     model: list[str] = typer.Option(..., help="name=path/to/model.pt (tokenizer/ beside it)."),
     sample: int = typer.Option(2000, help="Pairs drawn from each half."),
-    seed: int = typer.Option(0, help="Seed of the samples."),
     out: Path = typer.Option(Path("halves.json"), help="JSON to write."),
 ) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = load_params(EvaluateParams)
-    pairs = halves(old_split, full_split, sample, seed)
-    report: dict = {"sample": sample, "seed": seed, "beam_size": cfg.beam_size,
+    pairs = halves(old_split, full_split, sample, seed=0)
+    report: dict = {"sample": sample, "seed": 0, "beam_size": cfg.beam_size,
                     "pairs_per_half": {k: len(v) for k, v in pairs.items()}, "models": {}}
     for spec in model:
         name, _, path = spec.partition("=")

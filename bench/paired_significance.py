@@ -15,6 +15,7 @@ from bench import common
 from src.core.metrics import bleu_tokenizer
 
 COLUMNS = ("source", "reference", "hypothesis")
+ALPHA = 0.05  # the significance level of the verdict (and of docs/results.md's decoding rows)
 
 
 def read_translations(path: Path) -> dict[str, list[str]]:
@@ -45,7 +46,7 @@ def check_same_split(baseline: dict[str, list[str]], candidate: dict[str, list[s
 
 
 def paired_test(baseline: list[str], candidate: list[str], references: list[str],
-                target_lang: str, test: str = "bs", samples: int = 1000) -> dict[str, dict]:
+                target_lang: str, test: str = "bs") -> dict[str, dict]:
     """Per metric (BLEU, chrF): both scores, the difference and its p-value."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
@@ -53,29 +54,23 @@ def paired_test(baseline: list[str], candidate: list[str], references: list[str]
     metrics = {"BLEU": BLEU(tokenize=bleu_tokenizer(target_lang)), "chrF": CHRF()}
     systems = [("baseline", baseline), ("candidate", candidate)]
     # sacreBLEU seeds its resampling (SACREBLEU_SEED, 12345 unless set): the p-value repeats.
-    _, scores = PairedTest(systems, metrics, [references], test_type=test,
-                           n_samples=samples)()
-    result = {}
-    for name, (base, cand) in scores.items():
-        if name == "System":
-            continue
-        metric = "BLEU" if name.startswith("BLEU") else "chrF"
-        result[metric] = {"baseline": round(base.score, 2), "candidate": round(cand.score, 2),
-                          "difference": round(cand.score - base.score, 2),
-                          "p_value": cand.p_value}
-    return result
+    _, scores = PairedTest(systems, metrics, [references], test_type=test, n_samples=1000)()
+    return {"BLEU" if name.startswith("BLEU") else "chrF": {
+                "baseline": round(base.score, 2), "candidate": round(cand.score, 2),
+                "difference": round(cand.score - base.score, 2), "p_value": cand.p_value}
+            for name, (base, cand) in scores.items() if name != "System"}  # chrF is "chrF2"
 
 
-def verdict(bleu: dict, alpha: float) -> str:
+def verdict(bleu: dict) -> str:
     # sacreBLEU counts only resampled differences strictly above the observed one, so two
     # identical systems would get p = 1/(samples+1): no difference is no difference.
     if bleu["difference"] == 0:
         return "no significant difference in BLEU: the two systems score the same"
-    if bleu["p_value"] >= alpha:
-        return (f"no significant difference in BLEU (p = {bleu['p_value']:.4f} >= {alpha}): "
+    if bleu["p_value"] >= ALPHA:
+        return (f"no significant difference in BLEU (p = {bleu['p_value']:.4f} >= {ALPHA}): "
                 "the split cannot tell these systems apart")
     better = "candidate" if bleu["difference"] > 0 else "baseline"
-    return f"{better} is better in BLEU (p = {bleu['p_value']:.4f} < {alpha})"
+    return f"{better} is better in BLEU (p = {bleu['p_value']:.4f} < {ALPHA})"
 
 
 app = common.cli_app()
@@ -86,8 +81,6 @@ def main(
     baseline: Path = typer.Argument(..., help="Translations TSV of the baseline."),
     candidate: Path = typer.Argument(..., help="Translations TSV of the candidate."),
     test: str = typer.Option("bs", help="bs (bootstrap) or ar (randomisation)."),
-    samples: int = typer.Option(1000, help="Resamples or trials (0: default)."),
-    alpha: float = typer.Option(0.05, help="Significance level."),
     target_lang: str = typer.Option(None, help="Target language, which picks BLEU's tokenizer "
                                     "(default: pair.target_lang of params.yaml)."),
 ) -> None:
@@ -103,13 +96,13 @@ def main(
     base, cand = read_translations(baseline), read_translations(candidate)
     check_same_split(base, cand)
     result = paired_test(base["hypothesis"], cand["hypothesis"], base["reference"],
-                         target_lang, test, samples)
+                         target_lang, test)
     print(f"{len(base['source']):,} sentences, target {target_lang}, "
           f"{'paired bootstrap' if test == 'bs' else 'approximate randomisation'}")
     for metric, r in result.items():
         print(f"{metric:<5} baseline {r['baseline']:6.2f}  candidate {r['candidate']:6.2f}  "
               f"difference {r['difference']:+.2f}  p = {r['p_value']:.4f}")
-    print(verdict(result["BLEU"], alpha))
+    print(verdict(result["BLEU"]))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Write docs/results.md from docs/experiments.jsonl and the docs/benchmarks/ files named in
-BENCHMARKS, so every number has one source (`--check`: exit 1 if the page is out of date).
+"""Write docs/results.md from bench/results_template.md (the page's text, its numbers as fields)
+and the raw rows, docs/experiments.jsonl and the docs/benchmarks/ files named in BENCHMARKS, so
+every number has one source (`--check`: exit 1 if the page is out of date).
 """
 
 from __future__ import annotations
@@ -12,41 +13,22 @@ from pathlib import Path
 import typer
 
 from bench import common
-from bench.common import (
-    PEER,
-    REPO,
-    best_speed,
-    latest_by_cpu,
-    markdown_table,
-    read_jsonl,
-    sittings_of,
-)
+from bench.common import PEER, REPO, best_speed, latest_by_cpu, markdown_table, read_jsonl
+from bench.paired_significance import ALPHA  # the significance level of the decoding rows
 
 DOCS = REPO / "docs"
 OUT = DOCS / "results.md"
+TEMPLATE = Path(__file__).with_name("results_template.md")
 
 # Every file of docs/benchmarks/ this page reads; the page cites each by its full name.
-BENCHMARKS = {
-    "default": "default_run.json",
-    "decoding": "decoding.json",
-    "train_speed": "train_speed_sittings.json",
-    "peer": "peer_train.json",
-    "infer": "infer_speed.json",
-    "continuous": "continuous_training.json",
-    "samples": "sample_translations.tsv",
-    "long": "long_translations.tsv",
-}
-
-# The significance level of the decoding rows' paired tests (bench.paired_significance's).
-ALPHA = 0.05
-# The model whose outputs the sample tables (sample_translations.tsv, long_translations.tsv)
-# hold and judge: a new model's outputs need new verdicts.
-SAMPLES_MODEL = "run 5's model of the default recipe (above)"
+BENCHMARKS = {"default": "default_run.json", "decoding": "decoding.json",
+              "train_speed": "train_speed_sittings.json", "peer": "peer_train.json",
+              "infer": "infer_speed.json", "continuous": "continuous_training.json",
+              "samples": "sample_translations.tsv", "long": "long_translations.tsv"}
 # Other directions and pairs, kept out of the en→zh ablation: a full run first, then smoke runs.
 PAIR_ROWS = ("full-zh-en", "zh-en", "en-vi")
-# The full row whose recipe is today's default (params.yaml), and pairs of rows that ran one
-# recipe twice with other random draws: their gap is the spread between runs.
-DEFAULT_ROW = "full-e64-avg10"
+# Pairs of rows that ran one recipe twice with other random draws: their gap is the spread
+# between runs.
 REPEATED_ROWS = (("full-epochs34", "full-epochs34-cpu-dropout"),
                  ("full-default", "full-default-cpu-dropout"))
 # Rows scored on the named HSK test sets (everyday sentences): today's default first, then the
@@ -60,16 +42,8 @@ PARENT_RUN, FINETUNE_RUN, SCRATCH_RUN = "(a)", "(b5)", "(c)"
 FINETUNE_BASE = {"finetune.lr": "0.0003", "finetune.warmup_steps": "200", "finetune.epochs": "24"}
 
 
-def cite(name: str) -> str:
-    return f"`docs/benchmarks/{name}`"
-
-
 def load_json(bench: Path, name: str) -> dict:
     return json.loads((bench / name).read_text(encoding="utf-8"))
-
-
-def table(header: list[str], rows: list[list]) -> list[str]:
-    return markdown_table(header, rows) + [""]
 
 
 def overrides(row: dict) -> str:
@@ -86,10 +60,8 @@ def run_in_main_dvc_lock(runs: list[dict], source: str) -> int:
     return in_lock[0]
 
 
-def default_run(runs: list[dict], source: str) -> list[str]:
-    """The default recipe, one column per run given; the one run marked `in_main_dvc_lock` (how
-    its outputs came to be main's dvc.lock) is the one `dvc metrics show` prints. Under the
-    table, one line per run: its machine, allocator and what ran beside it."""
+def default_run(runs: list[dict]) -> list[str]:
+    """One column per run; under the table, a line per run on how it ran."""
     def column(run: dict) -> list:
         t, test, ex = run["train"], run["test"], run["export"]
         # a run stopped and resumed has step time but no single wall-clock figure
@@ -122,22 +94,15 @@ def default_run(runs: list[dict], source: str) -> list[str]:
                 "`model.onnx`: size, test BLEU",
                 "`model.int8.onnx`: size, test BLEU, same output as fp32"]
     columns = [column(run) for run in runs]
-    lock = run_in_main_dvc_lock(runs, source)
-    lines = ["## The default recipe", "",
-             "`dvc repro` with the committed params.yaml (`download.url` a local copy of "
-             "cmn-eng.zip, same sha256); the export rows are its `python -m src.export` stage. "
-             f"Run {lock + 1}'s outputs are main's `dvc.lock` ({runs[lock]['in_main_dvc_lock']}), "
-             f"so `dvc metrics show` prints them. Raw numbers: {cite(source)}.", ""]
-    lines += table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
-                   [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])
-    lines += [f"- Run {i + 1}: {run['machine']}; allocator: {run.get('allocator', 'glibc')}; "
-              f"beside it: {run.get('beside', 'not recorded')}." for i, run in enumerate(runs)]
-    return lines + [""]
+    table = markdown_table(["measure", *[f"run {i + 1}" for i in range(len(runs))]],
+                           [[m, *(c[i] for c in columns)] for i, m in enumerate(measures)])
+    return table + [""] + [
+        f"- Run {i + 1}: {run['machine']}; allocator: {run.get('allocator', 'glibc')}; "
+        f"beside it: {run.get('beside', 'not recorded')}." for i, run in enumerate(runs)]
 
 
-def decoding_choices(decoding: dict, source: str) -> list[str]:
-    rows = decoding["rows"]
-    default = rows[0]
+def decoding_choices(decoding: dict) -> list[str]:
+    default = decoding["rows"][0]
 
     def against_default(row: dict) -> str:
         if row is default:
@@ -147,27 +112,17 @@ def decoding_choices(decoding: dict, source: str) -> list[str]:
             return f"no difference (p {row['valid_p_bleu']})"
         return f"{'better' if better else 'worse'} (p {row['valid_p_bleu']})"
 
-    lines = ["## Decoding and checkpoint choices", "",
-             f"On {decoding['model']}: `{decoding['command']}` at `{decoding['commit']}`; CPU: "
-             f"{decoding['machine']}; {decoding['date']}. Each row is `python -m src.evaluate` "
-             "with its search settings on the valid split, where choices are made (a paired "
-             "bootstrap test of its valid BLEU against the default's, "
-             "`bench.paired_significance`, "
-             f"significance level {ALPHA}), and on the test split; sent/s is evaluate's "
-             f"PyTorch search on the test split. Raw numbers: {cite(source)}.", ""]
-    return lines + table(["what", "beam", "length penalty", "model file", "valid BLEU",
-                          "on valid, against the default", "test BLEU", "test chrF", "sent/s"],
-                         [[r["what"], r["beam"], r["length_penalty"], f"`{r['model']}`",
-                           r["valid_bleu"], against_default(r), r["test_bleu"], r["test_chrf"],
-                           r["test_sent_s"]] for r in rows])
+    return markdown_table(
+        ["what", "beam", "length penalty", "model file", "valid BLEU",
+         "on valid, against the default", "test BLEU", "test chrF", "sent/s"],
+        [[r["what"], r["beam"], r["length_penalty"], f"`{r['model']}`", r["valid_bleu"],
+          against_default(r), r["test_bleu"], r["test_chrf"], r["test_sent_s"]]
+         for r in decoding["rows"]])
 
 
 def spread(by_name: dict[str, dict]) -> str:
     """The gap between two runs of one recipe, from the rows that repeated one."""
-    pairs = [(by_name[a], by_name[b]) for a, b in REPEATED_ROWS
-             if a in by_name and b in by_name]
-    if not pairs:
-        return ""
+    pairs = [(by_name[a], by_name[b]) for a, b in REPEATED_ROWS]
 
     def widest(key: str) -> float:
         return max(abs(a[key] - b[key]) for a, b in pairs)
@@ -178,28 +133,14 @@ def spread(by_name: dict[str, dict]) -> str:
             "a gap between two rows smaller than that is not a result.")
 
 
-def full_rows(rows: list[dict], by_name: dict[str, dict]) -> list[str]:
-    """Full-length runs (`full-*` rows): the recipe's ablation, chosen on valid BLEU."""
-    if not rows:
-        return []
-    lines = ["## Recipe ablation (full runs)", "",
-             "`python -m bench.experiments --rows <name>`: each row a whole `dvc exp run` of the "
-             "pipeline with the overrides shown on top of the committed `params.yaml`, in fp32. "
-             "Choices are made on **valid BLEU** (greedy, the averaged final model); the test "
-             "columns are beam 4, by source length in words. Raw rows, with how each ran: "
-             "`docs/experiments.jsonl`.", ""]
-    lines += table(
+def full_rows(rows: list[dict]) -> list[str]:
+    return markdown_table(
         ["row", "what", "overrides", "valid BLEU", "test BLEU", "<= 6", "7-9", ">= 10", "chrF",
          "epochs", "train min", "commit"],
         [[r["name"], r["what"], overrides(r), r.get("final_valid_bleu"), r["bleu"],
           r.get("bleu_le6w"), r.get("bleu_7to9w"), r.get("bleu_ge10w"), r["chrf"],
           r.get("epochs"), round(r["train_seconds"] / 60, 1) if r.get("train_seconds") else None,
           r.get("commit")] for r in rows])
-    kept = (f"`{DEFAULT_ROW}` is today's recipe (the default run above trains it in the "
-            "precision `train.precision: auto` picks); every other row was tried and not kept. "
-            if DEFAULT_ROW in by_name else "")
-    text = (kept + spread(by_name)).strip()
-    return lines + ([text, ""] if text else [])
 
 
 def against_hsk_targets(row: dict, base: dict) -> str:
@@ -223,18 +164,9 @@ def against_hsk_targets(row: dict, base: dict) -> str:
 
 
 def hsk_rows(rows: list[dict]) -> list[str]:
-    """Whole runs scored on the HSK test sets (`hsk-*` rows): today's default, then each
-    recipe with the dictionary against it."""
-    by_name = {r["name"]: r for r in rows}
-    if HSK_BASE_ROW not in by_name:
-        return []
-    base = by_name[HSK_BASE_ROW]
-    lines = ["## Everyday sentences and the dictionary (full runs)", "",
-             "Whole `dvc repro` runs in one sitting on one CPU (each row's note), scored on the "
-             "test split and on the HSK sets: `hsk_dev` is what recipes are chosen by, beside "
-             "valid BLEU; `hsk_test` is only reported. A recipe replaces the default only if it "
-             "meets every target. Raw rows: `docs/experiments.jsonl`.", ""]
-    lines += table(
+    """Today's default, then each recipe against it; under the table, the rows' notes."""
+    base = {r["name"]: r for r in rows}[HSK_BASE_ROW]
+    return markdown_table(
         ["row", "what", "valid BLEU", "test BLEU", "hsk_dev BLEU / chrF",
          "hsk_test BLEU / chrF", "hsk_test >= 10 words", "train min", "against today's default"],
         [[r["name"], r["what"], r.get("final_valid_bleu"), r["bleu"],
@@ -242,25 +174,17 @@ def hsk_rows(rows: list[dict]) -> list[str]:
             for s in ("hsk_dev", "hsk_test")),
           r["test_sets"]["hsk_test"]["bleu_ge10w"], round(r["train_seconds"] / 60, 1),
           "(today's default)" if r is base else against_hsk_targets(r, base)]
-         for r in rows])
-    return lines + row_notes(rows)
+         for r in rows]) + [""] + row_notes(rows)
 
 
 def row_notes(rows: list[dict]) -> list[str]:
     """A bullet per row that has a note (how it was run, why it was or was not kept)."""
     # A note may already end a sentence; one full stop, not two.
-    notes = [f"- {r['name']}: {r['note'].rstrip('.')}." for r in rows if r.get("note")]
-    return notes + [""] if notes else []
+    return [f"- {r['name']}: {r['note'].rstrip('.')}." for r in rows if r.get("note")]
 
 
 def pair_rows(rows: list[dict]) -> list[str]:
-    lines = ["## Other language pairs", "",
-             "`full-*` rows are whole runs of a full-length recipe (the row says which) in "
-             "another direction; the other rows are short runs that show a pair goes through "
-             "every stage, not quality figures. The en-vi row reads IWSLT'15 tst2012/tst2013 "
-             "as `data/iwslt15/tst201N.en` and `.vi` (not in the repository). Raw rows: "
-             "`docs/experiments.jsonl`.", ""]
-    return lines + table(
+    return markdown_table(
         ["row", "what", "overrides", "test BLEU", "chrF", "length of training"],
         [[r["name"], r["what"], overrides(r), r["bleu"], r["chrf"],
           f"{r['overrides']['train.max_steps']} steps" if "train.max_steps" in r["overrides"]
@@ -274,22 +198,15 @@ def short_cpu(cpu: str) -> str:
     return " ".join(name.split())
 
 
-def training_speed_by_precision(all_sittings: list[dict], source: str = "",
-                                peer: dict | None = None, peer_source: str = "") -> list[str]:
-    """Peer and ours in fp32 and bf16, the last sitting on each CPU: one line per sitting
-    saying how it ran, then one table of their rows; shares of each precision's own peak."""
+def training_speed_by_precision(all_sittings: list[dict]) -> list[str]:
+    """A line per CPU's last sitting on how it ran, then one table of their rows."""
     sittings = latest_by_cpu(all_sittings)
-    lines = ["## Training speed by precision", "",
-             "The train stage beside the Hugging Face peer, the last sitting on each CPU, "
-             "newest first."
-             + (f" Raw numbers, every sitting: {cite(source)}." if source else "")
-             + (" " + peer_quality(peer, peer_source) if peer else ""), ""]
-    lines += [f"- **{short_cpu(s['cpu'])}**, code at `{s['commit']}`, {s['date']}: "
-              f"{s['what']} CPU: {s['cpu']}. Matmul peaks: `{s['peak_command']}`."
-              for s in sittings]
+    lines = [f"- **{short_cpu(s['cpu'])}**, code at `{s['commit']}`, {s['date']}: "
+             f"{s['what']} CPU: {s['cpu']}. Matmul peaks: `{s['peak_command']}`."
+             for s in sittings]
     header = ["CPU", "system", "precision", "ranks x threads", "allocator", "tokens/s",
               "x peer fp32", "share of the precision's matmul peak"]
-    return lines + [""] + table(header, [row for s in sittings for row in speed_rows(s)])
+    return lines + [""] + markdown_table(header, [row for s in sittings for row in speed_rows(s)])
 
 
 def speed_rows(sitting: dict) -> list[list]:
@@ -308,24 +225,9 @@ def speed_rows(sitting: dict) -> list[list]:
             for r in sitting["rows"]]
 
 
-def peer_quality(peer: dict, source: str) -> str:
-    p, q = peer["peer"], peer["peer_quality"]
-    return (f"The peer is {p['script']}. Its quality: {q['bleu']} BLEU (beam 4; "
-            f"{q['bleu_greedy']} greedy) after {q['train_minutes']} CPU minutes at "
-            f"{q['tokens_per_s']:,} tokens/s (`{q['command']}`; {q['note']}; {cite(source)}).")
-
-
-def continuous_training(ct: dict, source: str) -> list[str]:
-    """A parent on half the training sources, fine-tuned on all of them with several recipes,
-    and the from-scratch run on all of them: one row per run."""
-    runs = ct["runs"]
-    halves = ct["halves"]
-
-    def half(run: dict, which: str) -> str:
-        one = run["halves"][which]
-        return f"{one['bleu']} / {one['chrf']}"
-
+def continuous_training(ct: dict) -> list[str]:
     def recipe(run: dict) -> str:
+        """A fine-tune's lr / warmup / epochs: FINETUNE_BASE with its command's overrides."""
         if "init_from" not in run["command"]:
             return ""
         values = dict(FINETUNE_BASE)
@@ -333,45 +235,30 @@ def continuous_training(ct: dict, source: str) -> list[str]:
                       if word.startswith("finetune."))
         return " / ".join(values[k] for k in FINETUNE_BASE)
 
-    base = ", ".join(f"`{k}: {v}`" for k, v in FINETUNE_BASE.items())
-    lines = ["## Starting from a trained model: parent, fine-tune, from scratch", "",
-             "(a) a parent trained on a seeded half of the training sources; (b) to (b5) it "
-             "fine-tuned on all of them; (c) trained from scratch on all of them. The "
-             f"fine-tunes' commands override a finetune section of {base}. Each in a clone "
-             "with `download.url` a local copy of cmn-eng.zip. "
-             f"CPU: {ct['cpu']}; code at `{ct['commit']}`. Old half: "
-             f"{halves['sentences']:,} training pairs the parent saw; new half: "
-             f"{halves['sentences']:,} it did not (`{halves['command']}`). Raw numbers, with "
-             f"per-epoch curves: {cite(source)}.", ""]
-    lines += table(
+    return markdown_table(
         ["run", "command", "finetune lr / warmup / epochs", "pairs", "epochs, steps",
          "train min", "tokens/s", "valid BLEU", "test BLEU", "chrF", ">= 10 words",
          "old half BLEU / chrF", "new half BLEU / chrF"],
         [[r["name"], f"`{r['command']}`", recipe(r), f"{r['train_pairs']:,}",
           f"{r['epochs']}, {r['steps']:,}", r["train_minutes"], f"{r['tokens_per_s']:,.0f}",
           r["valid_bleu"], f"**{r['test']['bleu']}**", r["test"]["chrf"],
-          r["test"]["bleu_ge10w"], half(r, "old"), half(r, "new")] for r in runs])
-    by = {r["name"].split()[0]: r for r in runs}
-    if {PARENT_RUN, FINETUNE_RUN, SCRATCH_RUN} <= by.keys():
-        a, b, c = by[PARENT_RUN], by[FINETUNE_RUN], by[SCRATCH_RUN]
-        speeds = [r["tokens_per_s"] for r in runs]
-        lines += [f"params.yaml's `finetune` section is {FINETUNE_RUN}'s recipe, so today "
-                  "`dvc exp run -S train.init_from=<parent>` runs it: test BLEU "
-                  f"{b['test']['bleu']} against the from-scratch run's {c['test']['bleu']} "
-                  f"({b['test']['bleu'] - c['test']['bleu']:+.2f}) in "
-                  f"{b['train_minutes'] / c['train_minutes']:.1%} of its training minutes and "
-                  f"{b['steps'] / c['steps']:.1%} of its steps; it kept the old half "
-                  f"({b['halves']['old']['bleu']}, the parent {a['halves']['old']['bleu']}) and "
-                  f"fitted the new one ({b['halves']['new']['bleu']}, from scratch "
-                  f"{c['halves']['new']['bleu']}). The other fine-tunes were tried and not kept. "
-                  "Minutes are the train stage's step time; the same CPU kind ran at "
-                  f"{min(speeds):,.0f}–{max(speeds):,.0f} tokens/s across these runs, so steps "
-                  "compare exactly and minutes only roughly. The halves are training pairs: "
-                  "they measure fitting; the test columns decide.", ""]
-    return lines
+          r["test"]["bleu_ge10w"], *(f"{r['halves'][h]['bleu']} / {r['halves'][h]['chrf']}"
+                                     for h in ("old", "new"))] for r in ct["runs"]])
 
 
-def translation_speed(speed: dict, source: str) -> list[str]:
+def fine_tune_against_scratch(ct: dict) -> dict:
+    """The figures of the paragraph under the table: today's recipe against the others."""
+    by = {r["name"].split()[0]: r for r in ct["runs"]}
+    tuned, scratch = by[FINETUNE_RUN], by[SCRATCH_RUN]
+    speeds = [r["tokens_per_s"] for r in ct["runs"]]
+    return {"finetune_run": FINETUNE_RUN, "parent": by[PARENT_RUN], "tuned": tuned,
+            "scratch": scratch, "gain": tuned["test"]["bleu"] - scratch["test"]["bleu"],
+            "minutes_share": tuned["train_minutes"] / scratch["train_minutes"],
+            "steps_share": tuned["steps"] / scratch["steps"],
+            "slowest": min(speeds), "fastest": max(speeds)}
+
+
+def translation_speed(speed: dict) -> list[str]:
     """One row per system and thread count, one column per beam and batch: sent/s, and in
     brackets the ratio to PyTorch without cache at that beam and batch."""
     base = {(r["beam"], r["batch"]): r["sent_s"] for r in speed["rows"]
@@ -384,63 +271,47 @@ def translation_speed(speed: dict, source: str) -> list[str]:
         r = by.get((system, threads, beam, batch))
         return f"{r['sent_s']} ({r['sent_s'] / base[(beam, batch)]:.2f})" if r else ""
 
-    lines = ["## Translation speed", "",
-             f"{speed['what']}, each system timed in a process of its own; the model: "
-             f"{speed['model']}. `{speed['command']}` at `{speed['commit']}`; CPU: "
-             f"{speed['machine']}; {speed['date']}. Raw numbers: {cite(source)}. A cell: "
-             "sent/s (x PyTorch without cache). Against CTranslate2, text to text: "
-             "[engines.md](engines.md).", ""]
-    return lines + table(
+    return markdown_table(
         ["system", "threads", *[f"beam {beam}, batch {batch}" for beam, batch in cells]],
         [[system, threads, *[cell(system, threads, *c) for c in cells]]
          for system, threads in systems])
 
 
-def samples(bench: Path, title: str, judged: str, sentences: str) -> list[str]:
-    """A table of sentences written for this page, the default model's output and a verdict."""
-    with (bench / judged).open(encoding="utf-8", newline="") as fh:
+def samples(path: Path) -> list[str]:
+    """Sentences written for this page, the default model's output and a verdict."""
+    with path.open(encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
-    lines = [f"## {title}", "",
-             f"Sentences written for this page (`docs/{sentences}`, not from the corpus), "
-             f"translated by {SAMPLES_MODEL}: `python -m src.infer --onnx "
-             f"models/model.onnx --input docs/{sentences}` (beam 4); verdicts in "
-             f"{cite(judged)}.", ""]
-    return lines + table(["English", "model output", "verdict"],
-                         [[r["english"], r["model_output"], r["verdict"]] for r in rows])
+    return markdown_table(["English", "model output", "verdict"],
+                          [[r["english"], r["model_output"], r["verdict"]] for r in rows])
 
 
 def render(docs: Path = DOCS) -> str:
     bench = docs / "benchmarks"
+    data = {key: load_json(bench, name) for key, name in BENCHMARKS.items()
+            if name.endswith(".json")}
     rows = read_jsonl(docs / "experiments.jsonl")
     by_name = {r["name"]: r for r in rows}
-    full = [r for r in rows if r["name"].startswith("full-") and r["name"] not in PAIR_ROWS]
-    everyday = [r for r in rows if r["name"].startswith("hsk-")]
-    pairs = [by_name[n] for n in PAIR_ROWS if n in by_name]
-    lines = ["# Results", "",
-             "<!-- Generated by `python -m bench.results_page` from docs/experiments.jsonl and "
-             "docs/benchmarks/; edit those, not this file. -->", "",
-             "Measured on 2-core CPU machines without a GPU. Every table names the command "
-             "behind its numbers, the CPU, and the file they come from: `docs/experiments.jsonl` "
-             "(the experiment rows) or a file under `docs/benchmarks/`. The ablation and pair "
-             "rows trained in fp32 on 2-core Intel Xeon or AMD EPYC machines (the CPU was not "
-             "recorded per row).", ""]
-
-    def section(key: str):  # a file of BENCHMARKS, and its name to cite
-        return load_json(bench, BENCHMARKS[key]), BENCHMARKS[key]
-
-    default, source = section("default")
-    lines += default_run(sittings_of(default), source)
-    lines += decoding_choices(*section("decoding"))
-    speed, source = section("train_speed")
-    lines += training_speed_by_precision(sittings_of(speed), source, *section("peer"))
-    lines += translation_speed(*section("infer"))
-    lines += continuous_training(*section("continuous"))
-    lines += full_rows(full, by_name)
-    lines += hsk_rows(everyday)
-    lines += pair_rows(pairs)
-    lines += samples(bench, "Sample translations", BENCHMARKS["samples"], "sample_sentences.en")
-    lines += samples(bench, "Longer sentences", BENCHMARKS["long"], "long_sentences.en")
-    return "\n".join(lines).rstrip() + "\n"
+    runs = common.sittings_of(data["default"])
+    lock = run_in_main_dvc_lock(runs, BENCHMARKS["default"])
+    tables = {
+        "default_run": default_run(runs),
+        "decoding_choices": decoding_choices(data["decoding"]),
+        "training_speed": training_speed_by_precision(common.sittings_of(data["train_speed"])),
+        "translation_speed": translation_speed(data["infer"]),
+        "continuous_training": continuous_training(data["continuous"]),
+        "full_rows": full_rows([r for r in rows if r["name"].startswith("full-")
+                                and r["name"] not in PAIR_ROWS]),
+        "hsk_rows": hsk_rows([r for r in rows if r["name"].startswith("hsk-")]),
+        "pair_rows": pair_rows([by_name[n] for n in PAIR_ROWS if n in by_name]),
+        "samples": samples(bench / BENCHMARKS["samples"]),
+        "long": samples(bench / BENCHMARKS["long"])}
+    return TEMPLATE.read_text(encoding="utf-8").format_map(
+        {key: "\n".join(lines) for key, lines in tables.items()}
+        | data | fine_tune_against_scratch(data["continuous"])
+        | {"cite": {key: f"`docs/benchmarks/{name}`" for key, name in BENCHMARKS.items()},
+           "lock_run": lock + 1, "lock_note": runs[lock]["in_main_dvc_lock"], "alpha": ALPHA,
+           "quality": data["peer"]["peer_quality"], "spread": spread(by_name),
+           "finetune_base": ", ".join(f"`{k}: {v}`" for k, v in FINETUNE_BASE.items())})
 
 
 app = common.cli_app()

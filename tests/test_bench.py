@@ -45,10 +45,10 @@ def test_experiment_row_puts_back_the_users_params(tmp_path, monkeypatch, fails)
     results = tmp_path / "rows.jsonl"
     if fails:
         with pytest.raises(subprocess.CalledProcessError):
-            experiments.run_row("short-base", {}, results, root=tmp_path)
+            experiments.run_row("short-base", results, root=tmp_path)
         assert not results.exists()
     else:
-        row = experiments.run_row("short-base", {}, results, root=tmp_path)
+        row = experiments.run_row("short-base", results, root=tmp_path)
         assert json.loads(results.read_text()) == row
     assert params.read_bytes() == edited
     assert [c[:3] for c in commands] == [["dvc", "exp", "run"]]  # no git command, ever
@@ -174,7 +174,7 @@ def test_the_run_results_md_puts_in_main_dvc_lock_is_the_one_there():
 def test_row_notes_end_with_one_full_stop():
     results = results_page
     rows = [{"name": "a", "note": "ran once."}, {"name": "b", "note": "ran twice"}, {"name": "c"}]
-    assert results.row_notes(rows) == ["- a: ran once.", "- b: ran twice.", ""]
+    assert results.row_notes(rows) == ["- a: ran once.", "- b: ran twice."]
 
 
 def test_results_page_cites_every_file_it_reads(monkeypatch):
@@ -234,14 +234,14 @@ def test_results_show_the_last_training_sitting_of_each_cpu(tmp_path):
                                                        data["sittings"])) if c != cpus[0]]]
 
 
-def test_make_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
+def test_the_recombined_corpus_is_seeded_and_keeps_translations_aligned(tmp_path):
     source = tmp_path / "base.tsv"
     source.write_text("One.\t一。\tcc-by\nTwo.\t二。\tcc-by\n\nbroken line\n", encoding="utf-8")
     outs = []
     for name in ("a.tsv", "b.tsv"):
         out = tmp_path / name
-        result = subprocess.run([sys.executable, "-m", "bench.make_corpus",
-                                 "--source", str(source), "--pairs", "50", "--out", str(out)],
+        result = subprocess.run([sys.executable, "-m", "bench.data_scaling",
+                                 "--source", str(source), "--pairs", "50", "--corpus", str(out)],
                                 capture_output=True, text=True, cwd=REPO)
         assert result.returncode == 0, result.stderr
         outs.append(out.read_text(encoding="utf-8"))
