@@ -73,29 +73,41 @@ def uninterrupted(tokenized_root, tmp_path_factory):
     return root
 
 
-# Each point is reached with last.pt on disk; `:N` is the N-th time the point is reached.
+# Each point is reached with last.pt on disk, in the order a run reaches them; `:N` is the
+# N-th time the point is reached in that process, which resumed where the previous kill left
+# it (a resumed run first validates the epoch whose validation the kill cut short).
 KILL_POINTS = [
-    "after_periodic_save:3",  # mid-epoch
-    "before_validation:1",  # last.pt saved on the epoch's last batch, validation not begun
-    "during_validation:2",  # the (old) UnboundLocalError `loss` after this kill
-    "after_epoch_checkpoint:2",  # epoch file and best.pt written, ranking not yet saved
-    "after_epoch_save:3",  # new ranking saved, dropped epoch files not yet deleted
+    "after_periodic_save:3",  # mid-epoch 1
+    "before_validation:1",  # last.pt saved on epoch 1's last batch, validation not begun
+    "during_validation:2",  # epoch 2's (the (old) UnboundLocalError `loss` after this kill)
+    "after_epoch_checkpoint:1",  # epoch 2's file and best.pt written, ranking not yet saved
+    "after_epoch_save:2",  # epoch 3's new ranking saved, dropped epoch files not yet deleted
     "during_averaging:1",
 ]
 
 
-@pytest.mark.parametrize("point", KILL_POINTS)
-def test_killed_training_resumes_bitwise_equal(tokenized_root, uninterrupted, tmp_path, point):
+def test_a_run_killed_at_every_point_in_turn_resumes_bitwise_equal(tokenized_root,
+                                                                    uninterrupted, tmp_path):
+    """Killed as `kill -9` would at each point in turn, each time resumed from what the kill
+    left: the run ends bit for bit where an uninterrupted one does, with the same checkpoints."""
     root = fresh_copy(tokenized_root, tmp_path / "r")
-    killed = train(root, point)
-    assert killed.returncode == 137, killed.stderr
-    assert not (root / "models/model.pt").exists()
+    rows = (uninterrupted / "models/valid_curve.csv").read_text().splitlines()[1:]
+    end_1, end_2, end_3 = (int(row.split(",")[1]) for row in rows)  # steps at epoch ends
+    # (step, finished epochs) in last.pt as each kill leaves it: the point was where it says
+    left = [(3, 0), (end_1, 0), (end_2, 1), (end_2, 1), (end_3, 3), (end_3, 3)]
+    for n, (point, state) in enumerate(zip(KILL_POINTS, left)):
+        killed = train(root, point)
+        assert killed.returncode == 137, (point, killed.stderr)
+        assert ("resumed from" in killed.stdout) == (n > 0), point
+        assert not (root / "models/model.pt").exists()
+        saved = torch.load(root / "models/checkpoints/last.pt", weights_only=True)["state"]
+        assert (saved["step"], saved["epoch"]) == state, point
     resumed = train(root)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
     expected, got = weights(uninterrupted), weights(root)
     assert expected.keys() == got.keys()
-    assert all(torch.equal(expected[k], got[k]) for k in expected), point
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
     assert sorted(p.name for p in (root / "models/checkpoints").iterdir()) == sorted(
         p.name for p in (uninterrupted / "models/checkpoints").iterdir()
     )
