@@ -1,6 +1,7 @@
 """Seconds and peak memory of the data stages (download, split, tokenize, and optionally
 training steps) as the corpus grows, on corpora recombined from a real one (1-3 pairs joined,
-seeded: to measure the stages, not to train on) in scratch projects: docs/scaling.md.
+seeded: to measure the stages, not to train on) in scratch projects: docs/scaling.md,
+docs/benchmarks/data_scaling_sittings.json.
 """
 
 from __future__ import annotations

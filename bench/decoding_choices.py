@@ -1,5 +1,6 @@
 """Beam size, length penalty and checkpoint on a workspace's trained model, on the valid and
-test splits, each paired-tested against the default on valid: docs/experiments.md.
+test splits, each paired-tested against the default on valid: docs/experiments.md,
+docs/results.md, docs/benchmarks/decoding.json.
 """
 
 from __future__ import annotations

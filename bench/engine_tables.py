@@ -1,4 +1,5 @@
-"""The tables of docs/engines.md, from the sittings of bench.engines_vs_ctranslate2: the
+"""The tables of docs/engines.md, from the sittings bench.engines_vs_ctranslate2 writes
+(docs/benchmarks/engines_*.json, score_cost_both.json): the
 translation check, every cell per sitting, the best thread count and the cost of scores, each
 cell judged by its worst sitting (`--merge`: one file of every sitting given).
 """

@@ -1,6 +1,7 @@
 """Same weights, two engines: our exported ONNX models against CTranslate2, text to text (same
 translations, sent/s, the cost of scores), each engine timed in a process of its own without
-torch. Needs `pip install -e '.[ctranslate2]'`; options and method: docs/engines.md.
+torch. Needs `pip install -e '.[ctranslate2]'`; options and method: docs/engines.md; its
+sittings: docs/benchmarks/engines_*.json, score_cost_both.json.
 """
 
 from __future__ import annotations

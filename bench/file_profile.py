@@ -1,5 +1,6 @@
 """Where an exported file spends a translation: ONNX Runtime's profiler, summed by operator or
-node against the time in `session.run` (control nodes apart): docs/engines.md.
+node against the time in `session.run` (control nodes apart): docs/engines.md,
+docs/benchmarks/profile_beam4_batch1_epyc.txt.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Fine-tune recipes side by side from one parent, each the train stage in a scratch copy of the
-project, scored on the valid split only: docs/experiments.md.
+project, scored on the valid split only: docs/experiments.md,
+docs/benchmarks/finetune_pilot_gpu.json.
 
     python -m bench.finetune_pilot --out pilot C2=7e-4,200 C4=7e-4,1000 C5=1e-3,1000,24
 """

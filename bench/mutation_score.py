@@ -1,6 +1,6 @@
 """Mutation testing (mutmut 3) of pyproject.toml's [tool.mutmut] modules: the share of mutants
 the tests kill per module, run in a copy whose package `src` is renamed `nmtsrc` (mutmut 3
-refuses a package named `src`): docs/testing.md.
+refuses a package named `src`): docs/testing.md, docs/benchmarks/mutation.json.
 """
 
 from __future__ import annotations

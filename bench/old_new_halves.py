@@ -1,5 +1,6 @@
 """BLEU and chrF of models on the old half of the training pairs (the parent's) and the new
-half, by evaluate's own search and scoring: docs/experiments.md.
+half, by evaluate's own search and scoring: docs/results.md,
+docs/benchmarks/continuous_training.json.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """ONNX Runtime's kernels at the shapes of our decoder, on this CPU: int8 and block-quantized
 MatMuls, log-probabilities, threads and the BeamSearch operator, one table each (TABLES). Each
-variant's fastest of three passes counts; what the tables show: docs/engines.md, docs/serving.md.
+variant's fastest of three passes counts; what the tables show: docs/engines.md, docs/serving.md,
+docs/benchmarks/kernels*.json.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Tokens/s of the train stage's own `Trainer.step` on the default recipe's batches, its levers
-off or on, and (`--profile`) where its time goes: docs/training_speed.md.
+off or on, and (`--profile`) where its time goes: docs/training_speed.md,
+docs/benchmarks/train_levers_epyc_zen5.json.
 """
 
 from __future__ import annotations

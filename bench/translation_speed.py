@@ -1,6 +1,7 @@
 """Translation speed of the trained model, ids in and out: PyTorch without and with KV cache,
 model.onnx and int8, each system and thread count in a process of its own, sent/s for batch 1
-and 32, greedy and beam 4 (docs/results.md, "Translation speed").
+and 32, greedy and beam 4: docs/results.md ("Translation speed"),
+docs/benchmarks/infer_speed.json.
 """
 
 from __future__ import annotations
