@@ -45,8 +45,7 @@ def no_gpu_reason(pytorch_only: bool = False) -> str:
 
 
 def build(root: Path, minutes: float) -> Path:
-    """A scratch project from this checkout's params.yaml, trained for `minutes` and exported
-    (the checkout is left as it is); returns its root."""
+    """A scratch project at `root` from this checkout's params.yaml, trained and exported."""
     params = common.read_params(REPO / "params.yaml")
     params["train"]["max_minutes"] = minutes
     root.mkdir(parents=True, exist_ok=True)
@@ -89,8 +88,7 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
     sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
     rows = []
     for name in present(models, provider, ("model.onnx", "model.fp16.onnx")):
-        result = verify.parity(sessions.open_session(models / name, provider), model,
-                               sources, cfg)
+        result = verify.parity(sessions.open_session(models / name, provider), model, sources, cfg)
         result.pop("mismatches")
         ok = result["greedy_parity"] == 1.0 and result["beam_parity"] >= cfg.min_beam_parity
         rows.append({"check": "parity", "file": name, "provider": provider, **result,
@@ -178,9 +176,8 @@ TABLE_ENGINES = ("model.onnx", "model.fp16.onnx", "pytorch")
 
 
 def cell(spec: dict) -> dict:
-    """One cell of the batch table, in this process (`table_rows` starts it): the first `n`
-    test sentences searched in length-sorted batches of `batch`, after one warm-up batch;
-    sentences/s."""
+    """One cell of the batch table in this process (`table_rows` starts it): sentences/s on the
+    first `n` test sentences in length-sorted batches of `batch`, after one warm-up batch."""
     from src.graph import verify
     from src.nmt import checkpoint
 
@@ -239,10 +236,7 @@ def table_rows(root: Path, device: str, n: int, batches: list[int]) -> list[dict
                 except common.WorkerFailed as exc:  # the other cells still run; the row says why
                     rows.append({"check": "batches", "engine": engine, "batch_size": batch,
                                  "beam": beam, "error": str(exc)})
-                    print(f"gpu_check: {engine},{batch},{beam} failed: {exc}", file=sys.stderr)
-                    continue
-                print(f"gpu_check: {engine},{batch},{beam}: {rows[-1]['sentences_per_s']} "
-                      f"sentences/s, peak {rows[-1]['peak_gpu_memory_mib']} MiB", file=sys.stderr)
+                print(f"gpu_check: {json.dumps(rows[-1])}", file=sys.stderr)
     return rows
 
 
@@ -269,9 +263,8 @@ def watched_cell(spec: dict, work: Path) -> dict:
 
 
 def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]:
-    """The MLflow model as `mlflow models serve` runs it (docs/serving.md), registered in a
-    scratch store, under bench.serving_load on CUDA and on the CPU (`NMT_PROVIDER`), or on the
-    CPU alone in a rehearsal."""
+    """The MLflow model registered in a scratch store, under `mlflow models serve` and
+    bench.serving_load on CUDA and on the CPU (`NMT_PROVIDER`); on the CPU alone in a rehearsal."""
     import mlflow
 
     from src.runtime import serving
@@ -415,8 +408,7 @@ def main(
         work = Path(tmp)
         root = build(work / "project", build_minutes) if build_minutes else root
         models, data = root / "models", root / "data/tokenized"
-        needed = (models / "model.pt", data) + (() if pytorch_only else
-                                                  (models / "model.onnx",))
+        needed = (models / "model.pt", data) + (() if pytorch_only else (models / "model.onnx",))
         missing = [p for p in needed if not p.exists()]
         if missing:
             print(f"gpu_check: {missing[0]} not found: run `dvc repro` first, or pass "

@@ -111,8 +111,7 @@ def screenshot(url: str, lines: list[str], path: Path) -> None:
 
 
 def weight(site: Path) -> dict:
-    """MB and gzipped MB by part: ONNX Runtime Web, the model, the rest (page, script with the
-    tokenizer library, tokenizers); the build's own per-file sizes, summed."""
+    """MB and gzipped MB of ONNX Runtime Web, the model and the rest: the build's file sizes."""
     parts = {"onnxruntime-web": [0, 0], "model": [0, 0], "page, script, tokenizers": [0, 0]}
     model = json.loads((site / "config.json").read_text())["model"]
     for rel, (size, zipped) in site_writer.sizes(site).items():
