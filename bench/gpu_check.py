@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from itertools import product
 from pathlib import Path
 from types import SimpleNamespace
 
 import typer
 
-from bench import common
+from bench import common, serving_load
 from bench.common import REPO, test_split
 from src.core import failpoints, local_servers, paths
-from src.runtime import placement
+from src.core.metrics import bleu
+from src.core.params import ExportParams, ModelParams, TrainParams, load_params
+from src.data.subword import load_tokenizers
+from src.runtime import generation, placement, sessions  # no onnxruntime until a session opens
 
 FILES = ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.text.onnx",
          "model.int8.text.onnx")
@@ -31,9 +34,9 @@ def no_gpu_reason(pytorch_only: bool = False) -> str:
     import torch
 
     if not pytorch_only:
-        import onnxruntime as ort
+        import onnxruntime
 
-        why = placement.cuda_unavailable_reason(ort.get_available_providers())
+        why = placement.cuda_unavailable_reason(onnxruntime.get_available_providers())
         if why:
             return why
     if not torch.cuda.is_available():
@@ -42,8 +45,7 @@ def no_gpu_reason(pytorch_only: bool = False) -> str:
 
 
 def build(root: Path, minutes: float) -> Path:
-    """A scratch project from this checkout's params.yaml, trained for `minutes` and exported
-    (the checkout is left as it is); returns its root."""
+    """A scratch project at `root` from this checkout's params.yaml, trained and exported."""
     params = common.read_params(REPO / "params.yaml")
     params["train"]["max_minutes"] = minutes
     root.mkdir(parents=True, exist_ok=True)
@@ -62,16 +64,13 @@ def present(models: Path, provider: str, names=FILES) -> list[str]:
 
 
 def placement_rows(models: Path, provider: str) -> list[dict]:
-    from src.runtime import sessions
-
     rows = []
     for name in present(models, provider):
-        path = models / name
         forced = [provider] if provider == "cpu" else ["auto"] + (
             ["cuda"] if "int8" in name or "text" in name else [])
         for choice in forced:
             warnings: list[str] = []
-            session = sessions.open_session(path, choice, warn=warnings.append)
+            session = sessions.open_session(models / name, choice, warn=warnings.append)
             rows.append({"check": "placement", "file": name, "provider": choice,
                          "nodes": placement.describe(session), "warnings": warnings})
     return rows
@@ -80,19 +79,16 @@ def placement_rows(models: Path, provider: str) -> list[dict]:
 def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[dict]:
     """Generation files against PyTorch token for token; text files against PyTorch's output
     decoded by the tokenizer."""
-    from src.data.subword import load_tokenizers
     from src.graph import verify
     from src.nmt import checkpoint
     from src.nmt.search import translate_ids
-    from src.runtime import generation, sessions
 
     model, _ = checkpoint.load_model(models / "model.pt")
     test = test_split(data)
     sources, texts = list(test["source_ids"])[:n], list(test["source"])[:n]
     rows = []
     for name in present(models, provider, ("model.onnx", "model.fp16.onnx")):
-        result = verify.parity(sessions.open_session(models / name, provider), model,
-                               sources, cfg)
+        result = verify.parity(sessions.open_session(models / name, provider), model, sources, cfg)
         result.pop("mismatches")
         ok = result["greedy_parity"] == 1.0 and result["beam_parity"] >= cfg.min_beam_parity
         rows.append({"check": "parity", "file": name, "provider": provider, **result,
@@ -116,10 +112,6 @@ def parity_rows(models: Path, data: Path, provider: str, cfg, n: int) -> list[di
 
 
 def bleu_rows(models: Path, data: Path, provider: str, cfg) -> list[dict]:
-    from src.core.metrics import bleu
-    from src.data.subword import load_tokenizers
-    from src.runtime import generation
-
     test = test_split(data)
     target_lang = load_tokenizers(models / "tokenizer").target_lang
     rows = []
@@ -157,8 +149,6 @@ def timed_search(model, sources: list[list[int]], search: tuple, device: str
 def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict]:
     """PyTorch's search on `device` against the same search on the CPU (the first `n` test
     sentences, token for token), then BLEU and sentences/s on the whole test split."""
-    from src.core.metrics import bleu
-    from src.data.subword import load_tokenizers
     from src.nmt import checkpoint
     from src.nmt.search import translate_ids
 
@@ -182,18 +172,14 @@ def search_rows(models: Path, data: Path, device: str, cfg, n: int) -> list[dict
     return rows
 
 
-TABLE_BATCHES = (1, 32, 256)
 TABLE_ENGINES = ("model.onnx", "model.fp16.onnx", "pytorch")
 
 
 def cell(spec: dict) -> dict:
-    """One cell of the batch table, in this process (`table_rows` starts it): the first `n`
-    test sentences searched in length-sorted batches of `batch`, after one warm-up batch;
-    sentences/s."""
-    from src.core.params import ExportParams, load_params
+    """One cell of the batch table in this process (`table_rows` starts it): sentences/s on the
+    first `n` test sentences in length-sorted batches of `batch`, after one warm-up batch."""
     from src.graph import verify
     from src.nmt import checkpoint
-    from src.runtime import sessions
 
     root, device, engine, batch, beam = (Path(spec["root"]), spec["device"], spec["engine"],
                                          spec["batch"], spec["beam"])
@@ -234,32 +220,23 @@ def gpu_memory_mib(pid: int) -> tuple[int | None, int | None]:
     return held, total
 
 
-def table_rows(root: Path, device: str, n: int) -> list[dict]:
+def table_rows(root: Path, device: str, n: int, batches: list[int]) -> list[dict]:
     """The batch table: each cell in a fresh process (so every engine starts from an empty
     allocator), its GPU memory polled while it runs; the fp16 file on CUDA only."""
-    with tempfile.TemporaryDirectory(prefix="gpu-check-cells-") as work:
-        return [row for engine in TABLE_ENGINES for row in engine_rows(root, device, n, engine,
-                                                                       Path(work))]
-
-
-def engine_rows(root: Path, device: str, n: int, engine: str, work: Path) -> list[dict]:
-    """The batch table's cells of one engine."""
-    if engine != "pytorch" and not present(root / "models", device, (engine,)):
-        return []
     rows = []
-    for batch in TABLE_BATCHES:
-        for beam in (1, 4):
-            spec = {"root": str(root), "device": device, "engine": engine,
-                    "batch": batch, "beam": beam, "n": n}
-            try:
-                rows.append(watched_cell(spec, work))
-            except common.WorkerFailed as exc:  # the other cells still run; the row says why
-                rows.append({"check": "batches", "engine": engine, "batch_size": batch,
-                             "beam": beam, "error": str(exc)})
-                print(f"gpu_check: {engine},{batch},{beam} failed: {exc}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-cells-") as work:
+        for engine in TABLE_ENGINES:
+            if engine != "pytorch" and not present(root / "models", device, (engine,)):
                 continue
-            print(f"gpu_check: {engine},{batch},{beam}: {rows[-1]['sentences_per_s']} "
-                  f"sentences/s, peak {rows[-1]['peak_gpu_memory_mib']} MiB", file=sys.stderr)
+            for batch, beam in product(batches, (1, 4)):
+                spec = {"root": str(root), "device": device, "engine": engine,
+                        "batch": batch, "beam": beam, "n": n}
+                try:
+                    rows.append(watched_cell(spec, Path(work)))
+                except common.WorkerFailed as exc:  # the other cells still run; the row says why
+                    rows.append({"check": "batches", "engine": engine, "batch_size": batch,
+                                 "beam": beam, "error": str(exc)})
+                print(f"gpu_check: {json.dumps(rows[-1])}", file=sys.stderr)
     return rows
 
 
@@ -286,9 +263,8 @@ def watched_cell(spec: dict, work: Path) -> dict:
 
 
 def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]:
-    """The MLflow model as `mlflow models serve` runs it (docs/serving.md), registered in a
-    scratch store: load_test.py's rows on CUDA and on the CPU (`NMT_PROVIDER`), or on the CPU
-    alone in a rehearsal."""
+    """The MLflow model registered in a scratch store, under `mlflow models serve` and
+    bench.serving_load on CUDA and on the CPU (`NMT_PROVIDER`); on the CPU alone in a rehearsal."""
     import mlflow
 
     from src.runtime import serving
@@ -302,9 +278,7 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
     with mlflow.start_run(experiment_id=experiment):
         serving.log_model(models / "model.onnx", models / "model.int8.onnx",
                           models / "tokenizer", "nmt-gpu-check", models / "model.fp16.onnx")
-    sentences = store / "test.src"
-    test = test_split(root / "data/tokenized")
-    sentences.write_text("\n".join(test["source"]) + "\n", encoding="utf-8")
+    pool = list(test_split(root / "data/tokenized")["source"])
     rows = []
     for provider in ("cuda", "cpu") if device == "cuda" else ("cpu",):
         try:
@@ -312,19 +286,16 @@ def serve_rows(root: Path, device: str, work: Path, requests: int) -> list[dict]
                     "models:/nmt-gpu-check@candidate", store / provider,
                     {"MLFLOW_TRACKING_URI": uri, "NMT_PROVIDER": provider},
                     start_timeout_s=180) as (url, log):
-                out = store / f"load-{provider}.json"
-                subprocess.run([sys.executable, "-m", "bench.serving_load", "--url", url,
-                                "--sentences", str(sentences), "--batches", "1,32", "--clients",
-                                "1,4", "--requests", str(requests), "--warmup", "4", "--json",
-                                str(out)], check=True, cwd=REPO)
+                loaded = [serving_load.measured(url, pool, batch, clients, requests, 4)
+                          for batch, clients in product((1, 32), (1, 4))]
                 ran_on = next((line.split("nmt: ", 1)[1].strip() for line in
                                log.read_text(errors="replace").splitlines() if "nmt: " in line),
                               None)
         except local_servers.ServerDidNotStart as exc:
             raise RuntimeError(f"the served model ({provider}) did not come up: {exc}") \
                 from None
-        rows += [{"check": "serve", "provider": provider, "ran_on": ran_on, **row}
-                 for row in json.loads(out.read_text())["rows"]]
+        rows += [{"check": "serve", "provider": provider, "ran_on": ran_on, "via": "http", **row}
+                 for row in loaded]
     return rows
 
 
@@ -339,28 +310,25 @@ def speed_rows(models: Path, data: Path, work: Path) -> list[dict]:
 
 def train_rows(root: Path, steps: int, work: Path) -> list[dict]:
     """The train stage's own code for `steps` steps in auto precision and in fp32."""
-    from src.core.params import ModelParams, TrainParams, load_params
+    import torch
+
     from src.training.distributed import World
     from src.training.stage import train
 
-    params_file = root / "params.yaml"
-    model_params = load_params(ModelParams, path=params_file)
-    base = load_params(TrainParams, path=params_file)
+    model_params = load_params(ModelParams, path=root / "params.yaml")
+    base = load_params(TrainParams, path=root / "params.yaml")
     os.environ["NMT_TRACKING"] = "off"  # a check, not an experiment: no run in the project's store
-    import torch
-
     rows = []  # on a GPU auto is tf32, so bf16 autocast gets a row of its own
     for precision in ("auto", "bf16", "fp32") if torch.cuda.is_available() else ("auto", "fp32"):
         out = work / f"train-{precision}"
         cfg = base.model_copy(update={"precision": precision, "max_steps": steps,
                                       "max_minutes": 0, "patience": 0})
-        start = time.perf_counter()
-        train(World(), model_params, cfg, root / "data/tokenized", root / "models/tokenizer",
-              out / "checkpoints", out / "model.pt", (out / "metrics.json", out / "stats.json"),
-              10**9)
+        _, seconds = common.timed(train, World(), model_params, cfg, root / "data/tokenized",
+                                  root / "models/tokenizer", out / "checkpoints", out / "model.pt",
+                                  (out / "metrics.json", out / "stats.json"), 10**9)
         stats = json.loads((out / "stats.json").read_text())
         rows.append({"check": "train", "precision": stats.get("precision"), "steps": steps,
-                     "seconds": round(time.perf_counter() - start, 1),
+                     "seconds": round(seconds, 1),
                      **{k: stats[k] for k in ("final_valid_loss", "valid_bleu",
                                               "tokens_per_s") if k in stats}})
     return rows
@@ -377,26 +345,14 @@ CHECKS = {
     "bleu": (lambda o: not o.pytorch_only,
              lambda o: bleu_rows(o.models, o.data, o.provider, o.cfg)),
     "batches": (lambda o: not o.pytorch_only and o.table_sentences,
-                lambda o: table_rows(o.root, o.provider, o.table_sentences)),
+                lambda o: table_rows(o.root, o.provider, o.table_sentences,
+                                     common.ints(o.table_batches))),
     "serve": (lambda o: not o.pytorch_only and o.serve_requests,
               lambda o: serve_rows(o.root, o.provider, o.work, o.serve_requests)),
     "speed": (lambda o: not (o.rehearse_on_cpu or o.pytorch_only or o.onnx_only),
               lambda o: speed_rows(o.models, o.data, o.work)),
     "train": (lambda o: not o.onnx_only, lambda o: train_rows(o.root, o.train_steps, o.work)),
 }
-
-
-def machine_facts(provider: str, onnx: bool) -> dict:
-    import torch
-
-    machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-               "cpu": common.cpu_description(flags=True), "torch": torch.__version__,
-               "provider": provider}
-    if onnx:
-        import onnxruntime as ort
-
-        machine["onnxruntime"] = ort.__version__
-    return machine
 
 
 app = common.cli_app()
@@ -409,6 +365,7 @@ def main(
     sentences: int = typer.Option(200, help="Parity sentences."),
     train_steps: int = typer.Option(300),
     table_sentences: int = typer.Option(512, help="Sentences per batch-table cell (0: none)."),
+    table_batches: str = typer.Option("1,32,256", help="The batch table's batch sizes."),
     serve_requests: int = typer.Option(40, help="Requests per served-model row (0: none)."),
     checks: str = typer.Option(None, help=f"Only these, in order: of {', '.join(CHECKS)}."),
     output: Path = typer.Option(REPO / "docs/benchmarks/gpu_check.json"),
@@ -430,23 +387,28 @@ def main(
         raise typer.BadParameter(f"{', '.join(left_out)} cannot run with these options (they "
                                  f"leave {', '.join(available)})", param_hint="--checks")
     planned = list(dict.fromkeys(asked)) if asked else available
-    if not rehearse_on_cpu:
-        why = no_gpu_reason(pytorch_only)
-        if why:
-            print(f"gpu_check: no GPU to check here ({why}); run it on a machine with an "
-                  f"NVIDIA GPU, onnxruntime-gpu and a CUDA build of torch", file=sys.stderr)
-            return 1
-    from src.core.params import ExportParams, load_params
+    why = "" if rehearse_on_cpu else no_gpu_reason(pytorch_only)
+    if why:
+        print(f"gpu_check: no GPU to check here ({why}); run it on a machine with an "
+              f"NVIDIA GPU, onnxruntime-gpu and a CUDA build of torch", file=sys.stderr)
+        return 1
+    import torch
 
     provider = "cpu" if rehearse_on_cpu else "cuda"
-    report = {"command": common.command(), "machine": machine_facts(
-        provider, onnx=not pytorch_only), "complete": False, "check_seconds": {}, "rows": []}
+    machine = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+               "cpu": common.cpu_description(flags=True), "torch": torch.__version__,
+               "provider": provider}
+    if not pytorch_only:
+        import onnxruntime
+
+        machine["onnxruntime"] = onnxruntime.__version__
+    report = {"command": common.command(), "machine": machine, "complete": False,
+              "check_seconds": {}, "rows": []}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
         root = build(work / "project", build_minutes) if build_minutes else root
         models, data = root / "models", root / "data/tokenized"
-        needed = (models / "model.pt", data) + (() if pytorch_only else
-                                                  (models / "model.onnx",))
+        needed = (models / "model.pt", data) + (() if pytorch_only else (models / "model.onnx",))
         missing = [p for p in needed if not p.exists()]
         if missing:
             print(f"gpu_check: {missing[0]} not found: run `dvc repro` first, or pass "
@@ -467,7 +429,6 @@ def main(
             # on disk after every check: a run stopped halfway keeps what it measured
             common.write_json(output, report)
             failpoints.hit("gpu_check_after_check")
-        shutil.rmtree(work / "project", ignore_errors=True)
     report["complete"] = True
     common.write_json(output, report)
     rows = report["rows"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,6 +61,16 @@ def load(url: str, pool: list[str], batch: int, clients: int, requests: int,
                    sum(not ok for ok, _ in results))
 
 
+def measured(url: str, pool: list[str], batch: int, clients: int, requests: int, warmup: int,
+             timeout: float = 120) -> dict:
+    """A row of the server at `url`: `warmup` untimed requests at its concurrency (every
+    worker's first runs are slower), then `requests` timed ones."""
+    if warmup:
+        load(url, pool, batch, clients, warmup, timeout)
+    return {"batch": batch, "clients": clients, "requests": requests} | load(
+        url, pool, batch, clients, requests, timeout)
+
+
 def in_process(onnx: Path, pool: list[str], batch: int, requests: int, threads: int) -> dict:
     """src.infer's translator on the same requests, one after another, no HTTP."""
     from src.runtime.generation import load_translator
@@ -69,7 +78,8 @@ def in_process(onnx: Path, pool: list[str], batch: int, requests: int, threads: 
     translator = load_translator(onnx, threads=threads, warn=lambda _: None)
     latencies, seconds = timed(lambda: [timed(translator.translate, sentences, batch_size=32)[1]
                                         for sentences in bodies(pool, batch, requests)])
-    return summary(latencies, batch * requests, seconds, 0)
+    return {"batch": batch, "clients": 1, "requests": requests} | summary(
+        latencies, batch * requests, seconds, 0)
 
 
 @app.command()
@@ -80,14 +90,13 @@ def main(
     clients: str = typer.Option("1,4,16", help="Concurrent clients, comma-separated."),
     batches: str = typer.Option("1,32", help="Sentences per request, comma-separated."),
     timeout: float = typer.Option(120, min=1, help="Seconds before a request counts as lost."),
-    warmup: int = typer.Option(0, min=0, help="Untimed requests before each HTTP row, at its "
-                               "concurrency (every worker's first runs are slower)."),
+    warmup: int = typer.Option(0, min=0, help="Untimed requests before each HTTP row."),
     onnx: Path = typer.Option(None, help="Also time src.infer's translator on this model."),
     threads: int = typer.Option(2, min=1, help="ONNX Runtime threads of the --onnx row."),
     json_out: Path = typer.Option(None, "--json", help="Also write the rows here."),
 ) -> None:
     """Print p50/p95/p99 latency, sentences/s and errors per batch size and client count."""
-    pool = sentence_pool(sentences)
+    pool, url = sentence_pool(sentences), url.rstrip("/")
     rows = []
     line = "{:<9} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}".format
     print(line("via", "batch", "clients", "p50 ms", "p95 ms", "p99 ms", "sent/s", "errors"))
@@ -96,15 +105,10 @@ def main(
         if onnx is not None:
             plans.insert(0, ("src.infer", 1))
         for via, n_clients in plans:
-            if via == "http" and warmup:
-                load(url.rstrip("/"), pool, batch, n_clients, warmup, timeout)
-            row = (in_process(onnx, pool, batch, requests, threads) if via == "src.infer"
-                   else load(url.rstrip("/"), pool, batch, n_clients, requests, timeout))
-            row = {"via": via, "batch": batch, "clients": n_clients, "requests": requests} | row
-            rows.append(row)
-            print(line(via, batch, n_clients, *(row[k] for k in ("p50_ms", "p95_ms", "p99_ms",
-                                                                 "sentences_per_s", "errors"))),
-                  flush=True)
+            rows.append({"via": via} | (
+                in_process(onnx, pool, batch, requests, threads) if via == "src.infer"
+                else measured(url, pool, batch, n_clients, requests, warmup, timeout)))
+            print(line(*(v for k, v in rows[-1].items() if k != "requests")), flush=True)
     if json_out:
         write_json(json_out, {"command": command(), "rows": rows})
     if any(r["errors"] for r in rows):

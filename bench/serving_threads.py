@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from itertools import product
 from pathlib import Path
 
 import typer
 
 from bench import common
 from bench.common import ints, markdown_table, span, write_json
-from bench.serving_load import load, sentence_pool
+from bench.serving_load import measured, sentence_pool
 from src.core import tracking
 from src.core.errors import PipelineError
 from src.core.local_servers import ServerDidNotStart, model_server
@@ -30,23 +31,18 @@ def requests_for(batch: int, sentences_per_row: int) -> int:
     return max(1, math.ceil(sentences_per_row / batch))
 
 
-def one_decimal(value: float) -> str:
-    return f"{value:.1f}"
-
-
 def render(sitting: dict) -> str:
     """The markdown table of one sitting's rows (see the module docstring)."""
     rows = sitting["rows"]
     counts = sorted({r["threads"] for r in rows})
     cells = sorted({(r["batch"], r["clients"]) for r in rows})
     rounds = len({r["round"] for r in rows})
+    one_decimal = "{:.1f}".format
+    label = {n: f"{n} thread{'s' if n > 1 else ''}" for n in counts}
 
     def of(threads: int, cell: tuple[int, int], key: str) -> list[float]:
         return [r[key] for r in rows if r["threads"] == threads and (r["batch"], r["clients"])
                 == cell]
-
-    def thread_label(n: int) -> str:
-        return f"{n} thread{'s' if n > 1 else ''}"
 
     body = []
     for cell in cells:
@@ -60,8 +56,8 @@ def render(sitting: dict) -> str:
             shown.append(text)
         latency = [span(of(n, cell, "p50_ms"), one_decimal) for n in counts]
         body.append([*cell, *shown, *latency])
-    header = ["sentences per request", "clients", *(f"{thread_label(n)}: sent/s" for n in counts),
-              *(f"{thread_label(n)}: p50 ms" for n in counts)]
+    header = ["sentences per request", "clients", *(f"{label[n]}: sent/s" for n in counts),
+              *(f"{label[n]}: p50 ms" for n in counts)]
     return "\n".join([f"{sitting['cpu']}; commit {sitting['commit']}; ONNX Runtime "
                       f"{sitting['onnxruntime']}; {sitting['model']}; {rounds} round(s), "
                       f"lowest–highest; errors: {sum(r['errors'] for r in rows)}.", "",
@@ -80,12 +76,6 @@ def registered_version(model: str) -> str:
     return f"{model} (version {registry.find_version(registry.open_client(), ref).version})"
 
 
-def onnxruntime_version() -> str:
-    import onnxruntime  # the CPU or the GPU build, whichever is installed
-
-    return onnxruntime.__version__
-
-
 @app.command()
 def run(
     json_out: Path = typer.Option(..., "--json", help="Write the sitting here."),
@@ -101,33 +91,27 @@ def run(
     timeout: float = typer.Option(120, min=1, help="Seconds before a request counts as lost."),
 ) -> None:
     """Serve the model once per thread count per round and load it; write the rows."""
+    import onnxruntime  # the CPU or the GPU build, whichever is installed
+
     pool = sentence_pool(sentences)
-    counts = ints(threads)
     # the server runs in a directory of its own: it finds the registry by the URI, not by cwd
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri()}
-    sitting = common.record(cpu="cpu", flags=True, onnxruntime=onnxruntime_version(),
+    sitting = common.record(cpu="cpu", flags=True, onnxruntime=onnxruntime.__version__,
                             model=registered_version(model), rows=[])
-    for round_index, order in enumerate(thread_orders(counts, rounds), start=1):
-        for n_threads in order:
-            with tempfile.TemporaryDirectory() as work:
-                try:
-                    with model_server(model, Path(work), env | {"NMT_THREADS": str(n_threads)}
-                                      ) as (url, _):
-                        for batch in ints(batches):
-                            requests = requests_for(batch, sentences_per_row)
-                            for n_clients in ints(clients):
-                                if warmup:
-                                    load(url, pool, batch, n_clients, warmup, timeout)
-                                row = load(url, pool, batch, n_clients, requests, timeout)
-                                row = {"round": round_index, "threads": n_threads,
-                                       "batch": batch, "clients": n_clients,
-                                       "requests": requests} | row
-                                sitting["rows"].append(row)
-                                print(json.dumps(row), flush=True)
-                except ServerDidNotStart as exc:
-                    raise PipelineError(f"{model} was not served ({env['MLFLOW_TRACKING_URI']})"
-                                        f": {exc}") from None
-            write_json(json_out, sitting, indent=1)
+    try:
+        for round_index, order in enumerate(thread_orders(ints(threads), rounds), start=1):
+            for n in order:
+                with (tempfile.TemporaryDirectory() as work,
+                      model_server(model, Path(work), env | {"NMT_THREADS": str(n)}) as (url, _)):
+                    for batch, n_clients in product(ints(batches), ints(clients)):
+                        sitting["rows"].append({"round": round_index, "threads": n} | measured(
+                            url, pool, batch, n_clients, requests_for(batch, sentences_per_row),
+                            warmup, timeout))
+                        print(json.dumps(sitting["rows"][-1]), flush=True)
+                write_json(json_out, sitting, indent=1)
+    except ServerDidNotStart as exc:
+        raise PipelineError(f"{model} was not served ({env['MLFLOW_TRACKING_URI']}): {exc}") \
+            from None
     print(render(sitting))
     if any(r["errors"] for r in sitting["rows"]):
         raise typer.Exit(1)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -79,28 +77,18 @@ def page_row(url: str, lines: list[str], threads: int, beam: int) -> dict:
             "texts": timed["texts"]}
 
 
-def native_row(model: Path, lines_file: Path, threads: int, beam: int) -> dict:
-    """src.infer's translator in a process of its own."""
-    program = f"""
-import json, time
-import onnxruntime
-from src.runtime.generation import load_translator
-lines = open({str(lines_file)!r}, encoding="utf-8").read().split("\\n")[:-1]
-t = load_translator({str(model)!r}, {str(TOKENIZER)!r}, provider="cpu", threads={threads})
-t.translate([{COLD_SENTENCE!r}], {beam})
-start = time.perf_counter()
-texts = t.translate(lines, {beam}, batch_size=32)
-seconds = time.perf_counter() - start
-print(json.dumps({{"seconds": seconds, "texts": texts, "version": onnxruntime.__version__}}))
-"""
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                          cwd=REPO)  # where `src` imports from
-    if done.returncode != 0:
-        sys.exit(f"native ONNX Runtime failed: {done.stderr.strip().splitlines()[-1]}")
-    out = json.loads(done.stdout.splitlines()[-1])
-    return {"engine": f"native ONNX Runtime {out['version']} (src.infer)", "threads": threads,
-            "sentences_per_s": round(len(out["texts"]) / out["seconds"], 1),
-            "texts": out["texts"]}
+def native(spec: dict) -> dict:
+    """src.infer's translator on the same lines, in a worker process of its own."""
+    import onnxruntime
+
+    from src.runtime.generation import load_translator
+
+    t = load_translator(spec["model"], TOKENIZER, provider="cpu", threads=spec["threads"])
+    t.translate([COLD_SENTENCE], spec["beam"])
+    texts, seconds = common.timed(t.translate, spec["lines"], spec["beam"], batch_size=32)
+    return {"engine": f"native ONNX Runtime {onnxruntime.__version__} (src.infer)",
+            "threads": spec["threads"], "sentences_per_s": round(len(texts) / seconds, 1),
+            "texts": texts}
 
 
 def screenshot(url: str, lines: list[str], path: Path) -> None:
@@ -123,8 +111,7 @@ def screenshot(url: str, lines: list[str], path: Path) -> None:
 
 
 def weight(site: Path) -> dict:
-    """MB and gzipped MB by part: ONNX Runtime Web, the model, the rest (page, script with the
-    tokenizer library, tokenizers); the build's own per-file sizes, summed."""
+    """MB and gzipped MB of ONNX Runtime Web, the model and the rest: the build's file sizes."""
     parts = {"onnxruntime-web": [0, 0], "model": [0, 0], "page, script, tokenizers": [0, 0]}
     model = json.loads((site / "config.json").read_text())["model"]
     for rel, (size, zipped) in site_writer.sizes(site).items():
@@ -156,10 +143,6 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_doc(doc: Path, result: dict) -> None:
-    common.replace_block(doc, MARKER, MARKER, table(result))
-
-
 app = common.cli_app()
 
 
@@ -173,24 +156,22 @@ def main(
     doc: Path = typer.Option(None, help="Rewrite the table between the markers."),
     screenshot_out: Path = typer.Option(None, "--screenshot",
                                         help="Save a screenshot of the page here."),
-    table_only: bool = typer.Option(False, help="Regenerate --doc's table from --json, "
-                                    "measuring nothing."),
+    worker_spec: Path = typer.Option(None, "--worker", hidden=True),  # one native row
 ) -> None:
-    if table_only:
-        write_doc(doc, json.loads(json_out.read_text()))
-        return
+    if worker_spec:
+        return common.serve_worker(worker_spec, native)
     config = json.loads((site / "config.json").read_text())
     lines = list(test_split()["source"][:sentences])
     httpd = site_server.make_server(site, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}/"
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        lines_file = Path(tmp, "lines.en")
-        lines_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    with tempfile.TemporaryDirectory() as work:
         for count in ints(threads):
+            spec = {"model": str((site / config["model"]).resolve()), "lines": lines,
+                    "threads": count, "beam": beam}
             for row in (page_row(url, lines, count, beam),
-                        native_row(site / config["model"], lines_file, count, beam)):
+                        common.run_worker("bench.web_page_speed", spec, Path(work))):
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
     if screenshot_out:
@@ -209,7 +190,7 @@ def main(
     if json_out:
         write_json(json_out, result, indent=1)
     if doc:
-        write_doc(doc, result)
+        common.replace_block(doc, MARKER, MARKER, table(result))
 
 
 if __name__ == "__main__":

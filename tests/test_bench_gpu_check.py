@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TINY_PARAMS, run_stage, set_train_params, tokenize_toy
+import toy_projects
+import yaml
+from helpers import REPO, TINY_PARAMS
 
 TOOL = ("-m", "bench.gpu_check")
 
@@ -46,28 +49,49 @@ def test_onnx_only_and_pytorch_only_are_refused_together(tmp_path):
     assert not (tmp_path / "o.json").exists()
 
 
+def trainable_copy(exported: Path, root: Path) -> Path:
+    """The shared toy project copied, with a train split (its valid pairs) and the tiny model
+    of TINY_PARAMS on one thread for the train check to train."""
+    from datasets import DatasetDict, load_from_disk
+
+    from src.data.subword import ENCODED_WITH
+
+    shutil.copytree(exported, root, ignore=shutil.ignore_patterns("tokenized"))
+    splits = load_from_disk(str(exported / "data/tokenized"))
+    DatasetDict({**splits, "train": splits["valid"]}).save_to_disk(str(root / "data/tokenized"))
+    shutil.copy(exported / "data/tokenized" / ENCODED_WITH, root / "data/tokenized")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["model"].update(TINY_PARAMS["model"])
+    params["train"]["threads"] = 1
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return root
+
+
+def run_tool(*args: str, hidden: tuple[str, ...] = (), **env: str):
+    """The tool on the CPU, with the modules `hidden` made unimportable."""
+    prelude = (f"import runpy, sys; sys.modules.update(dict.fromkeys({hidden!r})); "
+               "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', "
+               "alter_sys=True)")
+    return subprocess.run([sys.executable, "-c", prelude, "bench.gpu_check", "--rehearse-on-cpu",
+                           *args], capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env={**os.environ, **env})
+
+
 @pytest.mark.gpu
-def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
-    root = tokenize_toy(tmp_path / "p", **TINY_PARAMS)
-    set_train_params(root, max_steps=150, epochs=100, threads=1)
-    for stage in ("train", "export"):
-        result = run_stage(root, stage)
-        assert result.returncode == 0, result.stderr
+def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(exported_toy, tmp_path):
+    root = trainable_copy(exported_toy, tmp_path / "p")
     out = tmp_path / "rows.json"
-    result = subprocess.run(
-        [sys.executable, *TOOL, "--rehearse-on-cpu", "--root", str(root),
-         "--sentences", "20", "--train-steps", "4", "--table-sentences", "12",
-         "--serve-requests", "4", "--output", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=REPO)
+    result = run_tool("--root", str(root), "--sentences", "20", "--train-steps", "4",
+                      "--table-sentences", "12", "--table-batches", "32", "--serve-requests",
+                      "4", "--output", str(out))
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     rows = report["rows"]
-    # the batch table: every engine the CPU runs x batch 1, 32, 256 x greedy and beam 4, each
-    # cell a process of its own (no GPU memory to poll here)
+    # the batch table: every engine the CPU runs x the batch sizes asked x greedy and beam 4,
+    # each cell a process of its own (no GPU memory to poll here)
     table = [r for r in rows if r["check"] == "batches"]
     assert [(r["engine"], r["batch_size"], r["beam"]) for r in table] == [
-        (engine, batch, beam) for engine in ("model.onnx", "pytorch")
-        for batch in (1, 32, 256) for beam in (1, 4)]
+        (engine, 32, beam) for engine in ("model.onnx", "pytorch") for beam in (1, 4)]
     assert all(r["sentences"] == 12 and r["sentences_per_s"] > 0 and r["device"] == "cpu"
                and r["peak_gpu_memory_mib"] is None and r["memory_of"] is None for r in table)
     # the registered MLflow model under `mlflow models serve`, load-tested where NMT_PROVIDER
@@ -101,62 +125,36 @@ def test_its_steps_run_end_to_end_rehearsed_on_the_cpu(tmp_path):
     assert list(report["check_seconds"]) == ["placement", "parity", "bleu", "batches", "serve",
                                              "train"]
 
-    # a check that breaks leaves a row saying why; the checks after it still run
-    hidden = "import runpy, sys; sys.modules.update(dict.fromkeys(('mlflow',)))"
+    # --onnx-only, mlflow missing: the check that breaks leaves a row saying why, the check
+    # after it still runs and gives the same rows as above
     part = tmp_path / "part.json"
-    result = subprocess.run(
-        [sys.executable, "-c", f"{hidden}; sys.argv = sys.argv[1:]; "
-         "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)",
-         "bench.gpu_check",          "--rehearse-on-cpu",
-         "--checks", "serve,train", "--root", str(root), "--serve-requests", "4",
-         "--train-steps", "4", "--output", str(part)],
-        capture_output=True, text=True, timeout=900, cwd=REPO)
+    result = run_tool("--onnx-only", "--checks", "serve,bleu", "--root", str(root),
+                      "--serve-requests", "4", "--output", str(part), hidden=("mlflow",))
     assert result.returncode == 1
     assert result.stdout.strip().splitlines()[-1].endswith("these checks failed: serve")
     report = json.loads(part.read_text())
-    assert [r["check"] for r in report["rows"]] == ["serve", "train", "train"]
+    assert [r["check"] for r in report["rows"]] == ["serve"] + ["bleu"] * len(bleu)
     assert "mlflow" in report["rows"][0]["error"] and report["complete"] is True
-    assert all(r["steps"] == 4 for r in report["rows"][1:])
+    assert {r["file"]: r["bleu"] for r in report["rows"][1:]} == bleu
     # killed halfway (as a device's time limit would), the file holds the checks that finished,
     # made in the order asked
-    result = subprocess.run(
-        [sys.executable, *TOOL, "--rehearse-on-cpu", "--checks", "parity,placement,bleu",
-         "--root", str(root), "--sentences", "20", "--output", str(part)],
-        capture_output=True, text=True, timeout=900, cwd=REPO,
-        env={**os.environ, "NMT_FAILPOINT": "gpu_check_after_check:2"})
+    result = run_tool("--checks", "bleu,placement", "--root", str(root), "--output", str(part),
+                      NMT_FAILPOINT="gpu_check_after_check:1")
     assert result.returncode == 137
     report = json.loads(part.read_text())
-    assert report["complete"] is False and list(report["check_seconds"]) == ["parity",
-                                                                              "placement"]
-    assert {r["check"] for r in report["rows"]} == {"placement", "parity"}
-
-    # --onnx-only: the same ONNX rows, and no train rows
-    result = subprocess.run(
-        [sys.executable, *TOOL, "--rehearse-on-cpu", "--onnx-only", "--root", str(root),
-         "--sentences", "20", "--table-sentences", "0", "--serve-requests", "0",
-         "--output", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    onnx_rows = json.loads(out.read_text())["rows"]
-    assert [r["check"] for r in onnx_rows] == [r["check"] for r in rows
-                                               if r["check"] not in ("train", "batches", "serve")]
-    assert {r["file"]: r["bleu"] for r in onnx_rows if r["check"] == "bleu"} == bleu
+    assert report["complete"] is False and list(report["check_seconds"]) == ["bleu"]
+    assert {r["check"] for r in report["rows"]} == {"bleu"}
 
     # --pytorch-only, as on a machine whose Python has a CUDA torch and neither onnxruntime nor
     # mlflow: neither is imported, and PyTorch's beam search scores what the ONNX file scored
-    hidden = "import runpy, sys; sys.modules.update(dict.fromkeys(('onnxruntime', 'mlflow')))"
-    result = subprocess.run(
-        [sys.executable, "-c", f"{hidden}; sys.argv = sys.argv[1:]; "
-         "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)",
-         "bench.gpu_check",          "--rehearse-on-cpu",
-         "--pytorch-only", "--root", str(root), "--sentences", "20", "--train-steps", "4",
-         "--output", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=REPO)
+    result = run_tool("--pytorch-only", "--root", str(root), "--sentences", "20",
+                      "--train-steps", "4", "--output", str(out),
+                      hidden=("onnxruntime", "mlflow"))
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert [r["check"] for r in report["rows"]] == ["search", "search", "train", "train"]
     greedy, beam = report["rows"][:2]
-    assert (greedy["beam"], beam["beam"]) == (1, 4)
+    assert (greedy["beam"], beam["beam"]) == (1, toy_projects.EXPORT["beam_size"])
     assert greedy["cpu_parity"] == beam["cpu_parity"] == 1.0 and beam["passed"]
     assert beam["bleu"] == stats["fp32_bleu"] and beam["sentences"] == greedy["sentences"] > 20
     assert "onnxruntime" not in report["machine"]
@@ -184,9 +182,8 @@ def test_a_batch_table_cell_that_fails_is_a_row_saying_why(tmp_path, monkeypatch
     from bench import gpu_check
 
     monkeypatch.setattr(gpu_check, "TABLE_ENGINES", ("pytorch",))
-    monkeypatch.setattr(gpu_check, "TABLE_BATCHES", (1,))
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
-    rows = gpu_check.table_rows(tmp_path, "cpu", 4)  # no models/model.pt: each cell fails
+    rows = gpu_check.table_rows(tmp_path, "cpu", 4, [1])  # no models/model.pt: each cell fails
     assert [(r["engine"], r["batch_size"], r["beam"]) for r in rows] == [
         ("pytorch", 1, 1), ("pytorch", 1, 4)]
     assert all(r["error"].startswith("exit 1: ") and "model.pt" in r["error"] for r in rows)
