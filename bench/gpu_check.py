@@ -305,7 +305,7 @@ def speed_rows(models: Path, data: Path, work: Path) -> list[dict]:
                     "cuda", "--models", str(models), "--split-dir", str(data),
                     "--precisions", "fp32,fp16", "--threads", "1", "--json", str(out)],
                    check=True, cwd=REPO)
-    return [{"check": "speed", **row} for row in json.loads(out.read_text())]
+    return [{"check": "speed", **row} for row in json.loads(out.read_text())["rows"]]
 
 
 def train_rows(root: Path, steps: int, work: Path) -> list[dict]:

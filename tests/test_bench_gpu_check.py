@@ -187,3 +187,19 @@ def test_a_batch_table_cell_that_fails_is_a_row_saying_why(tmp_path, monkeypatch
     assert [(r["engine"], r["batch_size"], r["beam"]) for r in rows] == [
         ("pytorch", 1, 1), ("pytorch", 1, 4)]
     assert all(r["error"].startswith("exit 1: ") and "model.pt" in r["error"] for r in rows)
+
+
+def test_the_engine_speed_check_reads_the_rows_of_the_engine_tools_sitting(tmp_path,
+                                                                         monkeypatch):
+    """The engine tool writes a sitting ({"command": ..., "rows": [...]}), not a list: the
+    check iterated the sitting's keys and failed on a GPU."""
+    from bench import common, gpu_check
+
+    row = {"engine": "ours", "precision": "fp16", "sent_per_s": 120.5}
+    sitting = common.record(rows=[row])  # as bench.engines_vs_ctranslate2 --json writes it
+
+    def engine_tool(argv, **_):
+        common.write_json(Path(argv[argv.index("--json") + 1]), sitting, indent=1)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", engine_tool)
+    assert gpu_check.speed_rows(tmp_path, tmp_path, tmp_path) == [{"check": "speed", **row}]
