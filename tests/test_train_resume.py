@@ -116,31 +116,35 @@ def test_a_run_killed_at_every_point_in_turn_resumes_bitwise_equal(tokenized_roo
 STOPS = {"SIGTERM": (143, "error: terminated (SIGTERM)"), "SIGINT": (130, "error: interrupted")}
 
 
-@pytest.mark.parametrize(("point", "stop"), [
-    ("during_step", "SIGTERM"), ("during_step", "SIGINT"), ("during_validation", "SIGTERM")])
 def test_a_stop_saves_every_finished_step_and_resumes_bitwise(tokenized_root, uninterrupted,
-                                                              tmp_path, point, stop):
+                                                              tmp_path):
     """`kill` or Ctrl-C in the middle of a step (after the backward pass, before the optimizer
     update) or during validation, with no periodic save in the epoch: the step is finished,
-    last.pt is saved after it, and the resumed run ends bit for bit where the uninterrupted one
-    does. Before, a stop threw away every step since the last save (a real run: 193 steps)."""
+    last.pt is saved after it, and the run resumed after each stop in turn ends bit for bit
+    where the uninterrupted one does. Before, a stop threw away every step since the last save
+    (a real run: 193 steps)."""
     root = fresh_copy(tokenized_root, tmp_path / "r")
     rows = (uninterrupted / "models/valid_curve.csv").read_text().splitlines()[1:3]
     end_1, end_2 = (int(row.split(",")[1]) for row in rows)  # steps at the end of epochs 1, 2
-    # two steps into epoch 2, or epoch 2's validation: (failpoint, step, batch in the epoch)
-    failpoint, step, batch = {
-        "during_step": (f"during_step:{end_1 + 2}", end_1 + 2, 2),
-        "during_validation": ("during_validation:2", end_2, end_2 - end_1)}[point]
-    stopped = train(root, f"{failpoint}={stop}", every=100_000)
-    code, message = STOPS[stop]
-    assert stopped.returncode == code, stopped.stderr
-    assert stopped.stderr.strip().splitlines()[-1] == message, stopped.stderr
-    assert f"stopped at step {step}; saved" in stopped.stdout
-    state = torch.load(root / "models/checkpoints/last.pt", weights_only=True)["state"]
-    assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (step, 1, batch)
+    # (failpoint, signal, step stopped at, batch in epoch 2): two steps into epoch 2, three
+    # more in the process resumed there, then epoch 2's validation (the resumed run's first)
+    stops = [(f"during_step:{end_1 + 2}", "SIGTERM", end_1 + 2, 2),
+             ("during_step:3", "SIGINT", end_1 + 5, 5),
+             ("during_validation:1", "SIGTERM", end_2, end_2 - end_1)]
+    resumed_at = None
+    for failpoint, stop, step, batch in stops:
+        stopped = train(root, f"{failpoint}={stop}", every=100_000)
+        code, message = STOPS[stop]
+        assert stopped.returncode == code, stopped.stderr
+        assert stopped.stderr.strip().splitlines()[-1] == message, stopped.stderr
+        assert f"stopped at step {step}; saved" in stopped.stdout
+        assert resumed_at is None or f"at step {resumed_at}," in stopped.stdout
+        state = torch.load(root / "models/checkpoints/last.pt", weights_only=True)["state"]
+        assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (step, 1, batch)
+        resumed_at = step
     resumed = train(root)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from" in resumed.stdout and f"at step {step}," in resumed.stdout
+    assert "resumed from" in resumed.stdout and f"at step {resumed_at}," in resumed.stdout
     expected, got = weights(uninterrupted), weights(root)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
