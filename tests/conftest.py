@@ -26,12 +26,27 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 NEEDS = ("e2e", "browser", "venv", "gpu")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist's `--dist loadfile`, files go to the workers in the order collected
+    (below) instead of the most tests first: a file of two minute-long tests was handed out
+    last, and one worker ran it while the other had finished."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
     """A test that needs a pipeline run, a browser, a fresh environment or the GPU check is
-    slow as well, so the inner loop's `-m "not slow"` never waits for one."""
+    slow as well, so the inner loop's `-m "not slow"` never waits for one. Files of pipeline
+    runs come first, then other slow files, then the rest, each file's tests in their order:
+    the longest work starts first, and the short files fill in around it."""
     for item in items:
         if any(item.get_closest_marker(name) for name in NEEDS):
             item.add_marker(pytest.mark.slow)
+    rank: dict[Path, int] = {}
+    for item in items:
+        kind = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
+        rank[item.path] = min(rank.get(item.path, 2), kind)
+    items.sort(key=lambda item: rank[item.path])  # a stable sort: files stay whole
 
 
 @pytest.fixture
