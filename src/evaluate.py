@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from rich.progress import Progress
 from src.core import paths, tracking
 from src.core.atomic import atomic_path, write_json
 from src.core.cli import run_cli
+from src.core.cpus import usable_cpus
 from src.core.errors import require_file
 from src.core.metrics import bleu_tokenizer, score, score_by_length, sentence_chrf
 from src.core.params import EvaluateParams, load_params
@@ -81,7 +81,7 @@ def main(
         (tokenizer_dir, "tokenize"),
     ):
         require_file(path, stage)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cpus())
     model, _ = checkpoint.load_model(model_path)
     check_encoded_with(split_dir, tokenizer_dir)
     tok = load_tokenizers(tokenizer_dir)

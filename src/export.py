@@ -22,7 +22,6 @@ new version of `nmt-<src>-<tgt>` with the alias `candidate`.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import typer
 
 from src.core import paths, registry, tracking
 from src.core.cli import run_cli
+from src.core.cpus import usable_cpus
 from src.core.errors import PipelineError, require_file
 from src.core.params import ExportParams, load_params
 from src.core.reports import EXPORT_HEADLINE, write_report
@@ -132,7 +132,7 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
     for path, stage in ((model_path, "train"), (tokenizer_dir, "tokenize"),
                         (split_dir, "tokenize")):
         require_file(path, stage)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cpus())
     model, _ = checkpoint.load_model(model_path)
     check_encoded_with(split_dir, tokenizer_dir)
     tok = load_tokenizers(tokenizer_dir)

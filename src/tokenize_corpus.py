@@ -16,7 +16,6 @@ data/tokenize_stats.json (and MLflow).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import typer
 from src.core import paths, tracking
 from src.core.atomic import atomic_dir, write_json
 from src.core.cli import run_cli
+from src.core.cpus import usable_cpus
 from src.core.errors import require_file
 from src.core.params import PairParams, TokenizeParams, load_params
 from src.data.encoding import (
@@ -62,7 +62,7 @@ def main(
     cfg = load_params(TokenizeParams)
     require_file(split_dir, "split")
     parent = parent_record(parent_dir)
-    num_proc = cfg.num_proc or os.cpu_count() or 1
+    num_proc = cfg.num_proc or usable_cpus()
     params = {"pair": pair.model_dump(), "tokenize": cfg.model_dump()}
     with tracking.stage_run("tokenize", params, deps=[split_dir]) as run:
         # the text as split; the parent run lists the token ids the model saw instead

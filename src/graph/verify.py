@@ -8,7 +8,6 @@ own scores, and stored in every file's metadata."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import onnx
 
 from src.core import paths
 from src.core.atomic import atomic_path
+from src.core.cpus import usable_cpus
 from src.core.errors import PipelineError
 from src.core.metrics import score as corpus_scores
 from src.core.metrics import sentence_chrf
@@ -40,7 +40,7 @@ SHOWN_MISMATCHES = 3  # example rows named in the error when parity fails
 
 def open_session(path: Path):
     """On the CPU, whatever the machine has: the parity check compares with PyTorch on CPU."""
-    return sessions.open_session(path, "cpu", os.cpu_count() or 1)
+    return sessions.open_session(path, "cpu", usable_cpus())
 
 
 def parity(session, model, sources: list[list[int]], cfg: ExportParams) -> dict:
@@ -190,7 +190,7 @@ def text_parity(generation_path: Path, text_path: Path, tokenizer_dir: Path,
     """The text model must translate every sentence exactly as its generation model run
     through the tokenizer, both in the batches src.infer makes for the generation model (an
     int8 model's output depends on its batch); raises PipelineError if not."""
-    threads = os.cpu_count() or 1
+    threads = usable_cpus()
     reference = generation.load_translator(generation_path, tokenizer_dir, "cpu", threads)
     text = generation.load_translator(text_path, None, "cpu", threads)
     encoded = [reference.encode(s, i + 1) for i, s in enumerate(sentences)]

@@ -19,14 +19,16 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from src.core.cpus import usable_cpus
 from src.core.errors import PipelineError
 from src.runtime import batch_graph, operator_graph, placement
 from src.runtime.placement import CUDA
 
 # Two: on the 2-core machines of docs/engines.md ours is fastest on two threads in every cell of
 # the best-thread tables but one (int8 beam 4 batch 1, one sitting); the fused attention nodes
-# split (batch x heads) over the threads.
-DEFAULT_THREADS = 2
+# split (batch x heads) over the threads. One where the process may run on one CPU only: a
+# second thread would only wait its turn on it.
+DEFAULT_THREADS = min(2, usable_cpus())
 
 
 def warn_stderr(message: str) -> None:

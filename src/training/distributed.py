@@ -20,6 +20,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from src.core.cpus import usable_cpus
+
 # Rank 0 validates while the others wait in a broadcast: allow a long validation.
 COLLECTIVE_TIMEOUT = timedelta(hours=2)
 # Exit code of a rank whose collective failed because another rank died: the launcher then
@@ -52,7 +54,7 @@ class World:
 
     def default_threads(self) -> int:
         """All cores when alone, an equal share of them per rank on one machine."""
-        return max(1, (os.cpu_count() or 1) // self.local_size)
+        return max(1, usable_cpus() // self.local_size)
 
     # -- collectives (identity with one process) -------------------------------------------
     def sum(self, values: list[float]) -> list[float]:
