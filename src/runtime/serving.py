@@ -44,8 +44,8 @@ EXAMPLE = ["How are you?"]
 # The files of src/ the served model imports (mlflow_model.py and all it pulls in), relative to
 # src/: MLflow copies them into the model, which then loads with its requirements alone (no
 # typer, torch or dvc). tests/test_serving.py checks the list against the imports.
-MODEL_CODE = ("__init__.py", "core/__init__.py", "core/errors.py", "core/paths.py",
-              "core/special_ids.py",
+MODEL_CODE = ("__init__.py", "core/__init__.py", "core/cpus.py", "core/errors.py",
+              "core/paths.py", "core/special_ids.py",
               "data/__init__.py", "data/subword.py", "runtime/__init__.py",
               "runtime/batch_graph.py", "runtime/confidence.py", "runtime/contract.py",
               "runtime/generation.py", "runtime/length_batches.py", "runtime/mlflow_model.py",
