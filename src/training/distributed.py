@@ -53,7 +53,7 @@ class World:
         return torch.device("cpu")
 
     def default_threads(self) -> int:
-        """All cores when alone, an equal share of them per rank on one machine."""
+        """All the CPUs the process may use when alone, an equal share per rank on one machine."""
         return max(1, usable_cpus() // self.local_size)
 
     # -- collectives (identity with one process) -------------------------------------------
