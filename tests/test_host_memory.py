@@ -137,4 +137,3 @@ def test_the_train_stage_chooses_its_allocator_before_importing_torch():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-
