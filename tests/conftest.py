@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -111,7 +112,22 @@ def one_thread():
 @pytest.fixture(scope="session")
 def exported_toy(tmp_path_factory) -> Path:
     """The toy project trained and exported once per pytest run (tests/toy_projects.py), which
-    test_export and test_web read; a test that changes a project works on a copy of it."""
+    test_export and test_web read; a test that changes a project works on a copy of it.
+
+    Under xdist the workers share one: the first builds it in the run's common temporary folder
+    while the others wait on a lock (building it takes about 20 s of a core per worker)."""
+    import fcntl
+
     from toy_projects import exported_project
 
-    return exported_project(tmp_path_factory.mktemp("exported"))
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return exported_project(tmp_path_factory.mktemp("exported"))
+    shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's
+    root, built = shared / "exported-toy", shared / "exported-toy.built"
+    with (shared / "exported-toy.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not built.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a half-built one from a failed worker
+            exported_project(root)
+            built.touch()
+    return root

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 @pytest.fixture(scope="module")
 def project(exported_toy) -> Path:
-    """The toy project exported once per run (tests/conftest.py): read, never changed."""
+    """The toy project exported once per run (tests/conftest.py): read, never changed (a test
+    that writes into a project copies it)."""
     return exported_toy
 
 
@@ -203,6 +205,8 @@ def test_the_decoding_choices_search_as_each_row_says_and_leave_params_as_they_w
     """bench.decoding_choices (docs/results.md's decoding table) on the tiny model: the
     default row first, each row's beam the one evaluate searched with on both splits, a paired
     test for every row but the default, and the project's params.yaml byte for byte after."""
+    # a copy: it rewrites params.yaml while it runs, and other workers read the shared project
+    project = Path(shutil.copytree(project, tmp_path / "project"))
     params = project / "params.yaml"
     before = params.read_bytes()
     out = tmp_path / "decoding.json"

@@ -47,6 +47,18 @@ def tracking(project):
     mlflow.set_registry_uri(before[1])
 
 
+def promote(*args: str):
+    """`python -m src.promote ARGS` in this process, on the store `tracking` set (a process of
+    its own spends seconds importing MLflow; the one-line error is a process's, tested below)."""
+    from typer.testing import CliRunner
+
+    from src import promote as promote_command
+
+    result = CliRunner().invoke(promote_command.app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
 @pytest.fixture(scope="module")
 def cli_translations(project):
     result = run_stage(project, "infer", "--onnx", str(project / "models/model.onnx"),
@@ -309,13 +321,13 @@ def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):
     from mlflow import MlflowClient
 
     env_root = project
-    first = run_stage(env_root, "promote", "--dry-run", tracking=True)
-    assert first.returncode == 0 and "would promote version 1" in first.stdout, first.stderr
-    promoted = run_stage(env_root, "promote", tracking=True)
+    first = promote("--dry-run")
+    assert first.exit_code == 0 and "would promote version 1" in first.stdout, first.output
+    promoted = promote()
     assert "version 1" in promoted.stdout and "is the champion" in promoted.stdout
     client = MlflowClient()
     assert str(client.get_model_version_by_alias("nmt-en-zh", "champion").version) == "1"
-    again = run_stage(env_root, "promote", tracking=True)
+    again = promote()
     assert "already the champion" in again.stdout
     # a worse candidate (the same files, registered from a run that scored lower) is not promoted
     import mlflow
@@ -326,8 +338,8 @@ def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):
     worse = client.create_model_version("nmt-en-zh", first_version.source,
                                         run_id=worse_run.info.run_id)
     client.set_registered_model_alias("nmt-en-zh", "candidate", worse.version)
-    kept = run_stage(env_root, "promote", tracking=True)
-    assert "kept champion version 1" in kept.stdout, kept.stdout + kept.stderr
+    kept = promote()
+    assert "kept champion version 1" in kept.stdout, kept.output
     assert str(client.get_model_version_by_alias("nmt-en-zh", "champion").version) == "1"
     # a better one is: the champion moves from version 1 to it
     with mlflow.start_run() as better_run:
@@ -335,9 +347,9 @@ def test_promote_moves_champion_to_a_better_candidate_only(project, tracking):
     better = client.create_model_version("nmt-en-zh", first_version.source,
                                          run_id=better_run.info.run_id)
     client.set_registered_model_alias("nmt-en-zh", "candidate", better.version)
-    moved = run_stage(env_root, "promote", tracking=True)
+    moved = promote()
     assert f"version {better.version} is the champion over version 1: rule 1 held (fp32_bleu " \
-           "99.00 vs" in moved.stdout, moved.stdout + moved.stderr
+           "99.00 vs" in moved.stdout, moved.output
     assert client.get_model_version_by_alias("nmt-en-zh", "champion").version == better.version
     missing = run_stage(env_root, "promote", "--name", "nmt-xx-yy", tracking=True)
     assert missing.returncode == 1 and "no version of nmt-xx-yy" in missing.stderr
@@ -381,12 +393,12 @@ def test_promote_keeps_a_better_candidate_that_forgot_an_old_set_and_prints_line
     client.set_registered_model_alias("nmt-en-zh", "champion", champion)
     forgot = version_scoring(160.0, 29.0, parent=champion)
     client.set_registered_model_alias("nmt-en-zh", "candidate", forgot)
-    kept = run_stage(project, "promote", "--dry-run", tracking=True)
+    kept = promote("--dry-run")
     assert kept.stdout.splitlines() == [
         f"lineage: version {forgot} <- version {champion}",
         f"promote: kept champion version {champion}; candidate version {forgot}: rule 2 (at "
         "most 0.5 BLEU below the champion on each old test set) failed on old: 29.00 vs 30.00"]
-    loose = run_stage(project, "promote", "--margin", "1.5", tracking=True)
+    loose = promote("--margin", "1.5")
     assert f"version {forgot} is the champion over version {champion}: rule 1 held " \
            "(fp32_bleu 160.00 vs 150.00) and rule 2 held (old 29.00 vs 30.00, margin 1.5)" in \
-           loose.stdout, loose.stdout + loose.stderr
+           loose.stdout, loose.output

@@ -4,6 +4,7 @@ same in CTranslate2, from any working directory, with one-line errors."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 @pytest.fixture(scope="module")
 def project(exported_toy) -> Path:
-    """The toy project exported once per run (tests/conftest.py): read, never changed."""
+    """The toy project exported once per run (tests/conftest.py): read, never changed (a test
+    that writes into a project copies it)."""
     return exported_toy
 
 
@@ -53,12 +55,15 @@ def test_ctranslate2_conversion_translates_as_our_model(project, tmp_path, beam)
 def test_ctranslate2_cli_finds_the_project_whatever_the_working_directory(project, tmp_path):
     """Its defaults are the project's models/ (src.core.paths), like every stage's; they used
     to be relative to the working directory."""
+    project = Path(shutil.copytree(project, tmp_path / "project"))  # it writes models/ct2
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     env = {**os.environ, "NMT_ROOT": str(project), "NMT_TRACKING": "off"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-m", "src.to_ctranslate2"], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "src.to_ctranslate2"], cwd=elsewhere,
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert (project / "models/ct2/model.bin").is_file() and not (tmp_path / "models").exists()
+    assert (project / "models/ct2/model.bin").is_file() and not (elsewhere / "models").exists()
 
 
 def test_ctranslate2_missing_is_one_instruction(project, tmp_path, monkeypatch):

@@ -263,8 +263,10 @@ def test_a_stopped_run_ends_killed_in_mlflow_and_says_why(tokenized_root, tmp_pa
         statuses = dict(db.execute("SELECT name, status FROM runs").fetchall())
     assert statuses.pop("train") == "KILLED", stderr
     assert list(statuses.values()) == ["KILLED"], stderr  # the repro run around it
-    set_train_params(root, epochs=3)  # (epochs do not shape the trajectory: a free key)
-    assert run_stage(root, "train").returncode == 0  # and it resumes as after any stop
+    if stop == signal.SIGINT:  # and it resumes as after any stop (both stops save alike,
+        # test_a_stop_saves_every_finished_step_and_resumes_bitwise: one resume is enough here)
+        set_train_params(root, epochs=3)  # (epochs do not shape the trajectory: a free key)
+        assert run_stage(root, "train").returncode == 0
 
 
 def test_training_stops_when_the_dvc_process_running_it_is_killed(tokenized_root, tmp_path):
