@@ -233,15 +233,23 @@ def test_a_registry_alias_resolves_to_the_weights_its_version_was_exported_from(
     assert moved["version"] == str(int(version) + 1) and moved["sha256"] == record["sha256"]
 
 
+@pytest.fixture(scope="module")
+def registered_once(parent, tmp_path_factory) -> Path:
+    """A store holding the parent as nmt-en-zh version 1, alias champion, for tests that only
+    read it (a new sqlite store is seconds of MLflow's schema migrations)."""
+    store = tmp_path_factory.mktemp("registry") / "mlflow.db"
+    register(store, parent)
+    return store
+
+
 @pytest.mark.parametrize("init_from, fragment", [
     ("models:/nmt-xx-yy@champion", "no registered model 'nmt-xx-yy'"),
     ("models:/nmt-en-zh@gone", "nmt-en-zh has no alias 'gone'"),
     ("models:/nmt-en-zh/9", "nmt-en-zh has no version 9"),
 ])
-def test_a_name_alias_or_version_the_registry_lacks_is_one_line(parent, tmp_path, init_from,
-                                                                fragment):
-    store = tmp_path / "mlflow.db"
-    register(store, parent)
+def test_a_name_alias_or_version_the_registry_lacks_is_one_line(registered_once, tmp_path,
+                                                                init_from, fragment):
+    store = registered_once
     root = scratch_root(tmp_path / "child", **TINY_PARAMS)
     set_params(root, train={"init_from": init_from})
     result = run_stage(root, "parent", env={"MLFLOW_TRACKING_URI": f"sqlite:///{store}"})
