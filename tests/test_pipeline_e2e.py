@@ -395,11 +395,13 @@ def test_a_train_change_reaches_train_first(workspace):
 
 def test_a_new_test_set_is_scored_without_retraining(workspace):
     """A named test set that shares no source with the training pairs changes neither the
-    training data nor the tokenizer: evaluate scores it and train does not run again."""
+    training data nor the tokenizer: evaluate scores it and train does not run again (the
+    repro up to evaluate, which would run train first were it stale; export, after it, adds
+    nothing here and is a toy export's seconds)."""
     model = (workspace / "models/model.pt").read_bytes()
     owls = ("Seven purple owls sang loudly.", "七只紫色的猫头鹰大声唱歌。")
     add_test_set(workspace, "fresh", [owls])
-    out = sh(workspace, "dvc", "repro")
+    out = sh(workspace, "dvc", "repro", "evaluate")
     ran = stages_run(out)
     assert {"download", "split", "tokenize", "evaluate"} <= ran, out
     assert "train" not in ran, out
