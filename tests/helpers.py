@@ -233,16 +233,17 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 def train_with_failpoint(root: Path, failpoint: str = "", every: int | None = None
                          ) -> subprocess.CompletedProcess:
     """`python -m src.train` in `root`, killed at `failpoint` (src/core/failpoints.py) if given,
-    saving last.pt every `every` steps: by default after every step when killed, else at epoch
-    ends only (the stage's default interval exceeds a toy epoch). A save a step costs a fifth of
-    a toy run, and where saves happen never changes the weights: the resume tests end bitwise
-    on runs saved both ways."""
-    if every is None:
-        every = 1 if failpoint else 500
+    saving last.pt every `every` steps: by default after every step when killed, else at the
+    stage's own interval (longer than a toy epoch: at epoch ends only). A save a step costs a
+    fifth of a toy run, and where saves happen never changes the weights: the resume tests end
+    bitwise on runs saved both ways."""
+    if every is None and failpoint:
+        every = 1
+    interval = [] if every is None else ["--checkpoint-every-steps", str(every)]
     env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off",
            "NMT_FAILPOINT": failpoint}
     return subprocess.run(
-        [sys.executable, "-m", "src.train", "--checkpoint-every-steps", str(every)],
+        [sys.executable, "-m", "src.train", *interval],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
 
