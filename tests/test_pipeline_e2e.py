@@ -410,43 +410,84 @@ def test_a_new_test_set_is_scored_without_retraining(workspace):
     assert set(metrics["test_sets"]) == {"news", "mine", "fresh"}
 
 
-def test_a_fine_tune_from_the_alias_the_pipeline_moves_as_an_experiment(workspace):
+def test_a_fine_tune_from_the_alias_the_pipeline_moves_as_an_experiment_logged_to_a_server(
+        workspace, tmp_path):
     """`dvc exp run -S train.init_from=models:/nmt-en-zh@candidate`: a `train.*` change, so
     parent, train and the later stages run, and the experiment's metrics (each named test
     set's too) sit beside the workspace's in `dvc exp show`. Its export moves `candidate` to
     the new version, and the next repro must not read it again (it once retrained at every
     repro: version 1 -> 2 -> 3). Reading the alias again is asked for by name, and says what
-    it found."""
+    it found.
+
+    It logs to a tracking server, as a team's would, whose store holds the workspace's runs
+    and registry (a copy of its mlflow.db): the alias is read from the server, and each stage's
+    run, the curves and the newly registered version land there."""
+    import mlflow
+
+    from src.core.local_servers import mlflow_server
+
     assert "bleu" in sh(workspace, "dvc", "metrics", "show")
     sh(workspace, "git", "add", "-A")
     sh(workspace, "git", "commit", "-qm", "lock")
-    out = sh(workspace, "dvc", "exp", "run", "-S", "train.init_from=models:/nmt-en-zh@candidate",
-             "-S", "train.max_steps=3")
-    ran = stages_run(out)
-    # tokenize too: the parent's tokenizer replaces the workspace's
-    assert {"parent", "tokenize", "train", "evaluate", "export"} <= ran, out
-    assert not ran & {"download", "split"}, out
-    assert json.loads((workspace / "models/train_stats.json").read_text())["steps"] == 3
-    assert "parent: models:/nmt-en-zh@candidate = nmt-en-zh version 1" in out
-    assert "dvc repro -f -s parent" in out  # the one line says how to read it again
-    record = json.loads((workspace / "models/parent/parent.json").read_text())
-    assert record["version"] == "1"
-    # The experiment's own metrics are kept with it (git-tracked small files), so experiments
-    # compare side by side in `dvc exp show`.
-    rows = list(csv.DictReader(io.StringIO(sh(workspace, "dvc", "exp", "show", "--csv"))))
-    experiment = [r for r in rows if r.get("train.max_steps") == "3" and r.get("Experiment")]
-    assert experiment and experiment[0]["bleu"] not in ("", "!"), rows
-    # each named test set is a column of its own beside the test split's
-    assert experiment[0]["test_sets.news.bleu"] not in ("", "!"), rows
-    diff = sh(workspace, "dvc", "metrics", "diff", "HEAD", "--all")
-    assert "test_sets.news.chrf" in diff and "test_sets.mine.bleu" in diff
-    out = sh(workspace, "dvc", "repro")
-    assert stages_run(out) == set(), out
-    assert "Data and pipelines are up to date." in sh(workspace, "dvc", "status")
-    # asked for: the alias is read again (now version 2, the experiment's export)
-    out = sh(workspace, "dvc", "repro", "-f", "-s", "parent")
-    assert "nmt-en-zh version 2" in out
-    assert json.loads((workspace / "models/parent/parent.json").read_text())["version"] == "2"
+    server = tmp_path / "server"
+    server.mkdir()
+    shutil.copy(workspace / "mlflow.db", server / "server.db")
+    with mlflow_server(server) as (uri, _):
+        on_server = {"MLFLOW_TRACKING_URI": uri}
+        out = sh(workspace, "dvc", "exp", "run", "-S",
+                 "train.init_from=models:/nmt-en-zh@candidate", "-S", "train.max_steps=3",
+                 env=on_server)
+        ran = stages_run(out)
+        # tokenize too: the parent's tokenizer replaces the workspace's
+        assert {"parent", "tokenize", "train", "evaluate", "export"} <= ran, out
+        assert not ran & {"download", "split"}, out
+        assert json.loads((workspace / "models/train_stats.json").read_text())["steps"] == 3
+        assert "parent: models:/nmt-en-zh@candidate = nmt-en-zh version 1" in out
+        assert "dvc repro -f -s parent" in out  # the one line says how to read it again
+        record = json.loads((workspace / "models/parent/parent.json").read_text())
+        assert record["version"] == "1"
+        # every stage that ran has its finished run on the server, in this repro's group
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        experiment = client.get_experiment_by_name("nmt").experiment_id
+        latest = client.search_runs([experiment], "tags.kind = 'stage'",
+                                    order_by=["attribute.start_time DESC"], max_results=1)
+        group = latest[0].data.tags["repro_id"]
+        stages = {r.data.tags["stage"]: r for r in client.search_runs(
+            [experiment], f"tags.kind = 'stage' and tags.repro_id = '{group}'")}
+        assert {"tokenize", "train", "evaluate", "export"} <= set(stages) <= ran, stages
+        assert all(r.info.status == "FINISHED" for r in stages.values())
+        assert "bleu" in stages["evaluate"].data.metrics
+        assert client.get_metric_history(stages["train"].info.run_id, "valid_loss")  # 1 epoch
+        candidate = client.get_model_version_by_alias("nmt-en-zh", "candidate")
+        assert (candidate.version, candidate.run_id) == ("2", stages["export"].info.run_id)
+        # `models:/` URIs resolve through the process-wide registry URI
+        before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        try:
+            model_dir = mlflow.artifacts.download_artifacts("models:/nmt-en-zh@candidate")
+        finally:
+            mlflow.set_tracking_uri(before[0])
+            mlflow.set_registry_uri(before[1])
+        assert (Path(model_dir) / "artifacts/model.onnx").read_bytes() == (
+            workspace / "models/model.onnx").read_bytes()
+        # The experiment's own metrics are kept with it (git-tracked small files), so
+        # experiments compare side by side in `dvc exp show`.
+        rows = list(csv.DictReader(io.StringIO(sh(workspace, "dvc", "exp", "show", "--csv"))))
+        experiment = [r for r in rows if r.get("train.max_steps") == "3" and r.get("Experiment")]
+        assert experiment and experiment[0]["bleu"] not in ("", "!"), rows
+        # each named test set is a column of its own beside the test split's
+        assert experiment[0]["test_sets.news.bleu"] not in ("", "!"), rows
+        diff = sh(workspace, "dvc", "metrics", "diff", "HEAD", "--all")
+        assert "test_sets.news.chrf" in diff and "test_sets.mine.bleu" in diff
+        out = sh(workspace, "dvc", "repro", env=on_server)
+        assert stages_run(out) == set(), out
+        assert "Data and pipelines are up to date." in sh(workspace, "dvc", "status")
+        # asked for: the alias is read again (now version 2, the experiment's export)
+        out = sh(workspace, "dvc", "repro", "-f", "-s", "parent", env=on_server)
+        assert "nmt-en-zh version 2" in out
+        record = json.loads((workspace / "models/parent/parent.json").read_text())
+        assert record["version"] == "2"
 
 
 def test_dvc_remote_push_then_pull_restores_the_model(workspace, tmp_path):
@@ -464,45 +505,20 @@ def test_dvc_remote_push_then_pull_restores_the_model(workspace, tmp_path):
     assert stages_run(sh(workspace, "dvc", "repro")) == set()  # nothing to retrain
 
 
-def test_a_test_set_holding_training_sources_retrains_logged_to_a_tracking_server(
-        workspace, tmp_path):
-    """A named test set that holds a training source drops that pair from training, so every
-    stage from download on runs again; this repro logs to a tracking server, as a team's
-    would: each stage's run, the curves and the registered model land there."""
-    import mlflow
+def test_a_test_set_holding_training_sources_drops_them_and_reaches_every_later_stage(
+        workspace):
+    """A named test set that holds a training source drops that pair from training: download
+    and split run, and tokenize, which reads the split, is stale (DVC runs every stage after
+    it from there; the fine-tune test runs such a chain)."""
     from datasets import load_from_disk
-
-    from src.core.local_servers import mlflow_server
 
     train = load_from_disk(str(workspace / "data/split"))["train"]
     add_test_set(workspace, "overlap", [(train[0]["source"], train[0]["target"])])
-    with mlflow_server(tmp_path / "server") as (uri, _):
-        out = sh(workspace, "dvc", "repro", env={"MLFLOW_TRACKING_URI": uri})
-        assert "train" in stages_run(out), out
-        sources = set(load_from_disk(str(workspace / "data/split"))["train"]["source"])
-        assert train[0]["source"] not in sources
-        client = mlflow.MlflowClient(tracking_uri=uri)
-        experiment = client.get_experiment_by_name("nmt")
-        runs = client.search_runs([experiment.experiment_id])
-        stages = {r.data.tags.get("stage"): r for r in runs if r.data.tags.get("kind") == "stage"}
-        assert set(stages) == {"download", "split", "tokenize", "train", "evaluate", "export"}
-        assert all(r.info.status == "FINISHED" for r in stages.values())
-        assert "bleu" in stages["evaluate"].data.metrics
-        assert client.get_metric_history(stages["train"].info.run_id, "train_loss")
-        registry = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-        candidate = registry.get_model_version_by_alias("nmt-en-zh", "candidate")
-        assert candidate.run_id == stages["export"].info.run_id
-        # `models:/` URIs resolve through the process-wide registry URI
-        before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_registry_uri(uri)
-        try:
-            model_dir = mlflow.artifacts.download_artifacts("models:/nmt-en-zh@candidate")
-        finally:
-            mlflow.set_tracking_uri(before[0])
-            mlflow.set_registry_uri(before[1])
-        assert (Path(model_dir) / "artifacts/model.onnx").read_bytes() == (
-            workspace / "models/model.onnx").read_bytes()
+    out = sh(workspace, "dvc", "repro", "split")
+    assert stages_run(out) == {"download", "split"}, out
+    sources = set(load_from_disk(str(workspace / "data/split"))["train"]["source"])
+    assert train[0]["source"] not in sources and len(sources) < len(set(train["source"]))
+    assert set(json.loads(sh(workspace, "dvc", "status", "--json"))) == {"tokenize"}
 
 
 def test_the_train_step_benchmark_times_and_profiles_the_stages_own_step(project, tmp_path):
