@@ -109,25 +109,49 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="session")
-def exported_toy(tmp_path_factory) -> Path:
-    """The toy project trained and exported once per pytest run (tests/toy_projects.py), which
-    test_export and test_web read; a test that changes a project works on a copy of it.
-
-    Under xdist the workers share one: the first builds it in the run's common temporary folder
-    while the others wait on a lock (building it takes about 20 s of a core per worker)."""
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)`'s project, built once per pytest run and then only read (a test that
+    changes it works on a copy). Under xdist the workers share it: the first builds it in the
+    run's common temporary folder while the others wait on a lock; a build that fails leaves
+    no mark, so the next worker builds it again."""
     import fcntl
 
-    from toy_projects import exported_project
-
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        return exported_project(tmp_path_factory.mktemp("exported"))
+        return build(tmp_path_factory.mktemp(name))
     shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's
-    root, built = shared / "exported-toy", shared / "exported-toy.built"
-    with (shared / "exported-toy.lock").open("w") as lock:
+    root, built = shared / name, shared / f"{name}.built"
+    with (shared / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not built.exists():
             shutil.rmtree(root, ignore_errors=True)  # a half-built one from a failed worker
-            exported_project(root)
+            build(root)
             built.touch()
     return root
+
+
+@pytest.fixture(scope="session")
+def exported_toy(tmp_path_factory) -> Path:
+    """The toy project trained and exported (tests/toy_projects.py), which test_export,
+    test_web and the GPU check read (building it takes about 20 s of a core)."""
+    from toy_projects import exported_project
+
+    return built_once(tmp_path_factory, "exported-toy", exported_project)
+
+
+@pytest.fixture(scope="session")
+def toy_parent(tmp_path_factory) -> Path:
+    """A tiny model the train stage trained on every other toy pair: train.init_from's parent
+    in test_init_from and the fine-tune pilot's."""
+    from toy_projects import trained_parent
+
+    return built_once(tmp_path_factory, "toy-parent", trained_parent)
+
+
+@pytest.fixture(scope="session")
+def toy_child(tmp_path_factory, toy_parent) -> Path:
+    """Every toy pair (half of them new to `toy_parent`), train.init_from its model.pt,
+    resolved by the parent stage and tokenized with the parent's tokenizer; nothing trained."""
+    from toy_projects import child_of, resolve_and_tokenize
+
+    return built_once(tmp_path_factory, "toy-child", lambda root: resolve_and_tokenize(
+        child_of(root, str(toy_parent / "models/model.pt"))))

@@ -181,8 +181,10 @@ _TOKENIZED: dict[str, Path] = {}
 TOKENIZE_SECTIONS = ("download", "split", "tokenize")
 
 
-def tokenize_toy(root: Path, **overrides: dict) -> Path:
-    """A scratch project with the toy corpus downloaded, split and tokenized."""
+def tokenize_toy(root: Path, reuse: bool = True, **overrides: dict) -> Path:
+    """A scratch project with the toy corpus downloaded, split and tokenized: a copy of this
+    process's earlier project of the same settings where there is one, unless `reuse` is
+    False (a test that the stages themselves give the same bytes twice)."""
     from toy_corpus import toy_tsv
 
     root = scratch_root(root, **overrides)
@@ -194,17 +196,18 @@ def tokenize_toy(root: Path, **overrides: dict) -> Path:
     params["download"]["url"] = str(corpus)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     key = json.dumps([params[name] for name in TOKENIZE_SECTIONS], sort_keys=True)
-    if key in _TOKENIZED:
+    if reuse and key in _TOKENIZED:
         for name in ("data", "models"):
             shutil.copytree(_TOKENIZED[key] / name, root / name, dirs_exist_ok=True)
         return root
     for stage in TOKENIZE_SECTIONS:
         assert run_stage(root, stage).returncode == 0
-    cached = Path(tempfile.mkdtemp(prefix="tokenized-"))
-    atexit.register(shutil.rmtree, cached, True)
-    for name in ("data", "models"):
-        shutil.copytree(root / name, cached / name)
-    _TOKENIZED[key] = cached
+    if key not in _TOKENIZED:
+        cached = Path(tempfile.mkdtemp(prefix="tokenized-"))
+        atexit.register(shutil.rmtree, cached, True)
+        for name in ("data", "models"):
+            shutil.copytree(root / name, cached / name)
+        _TOKENIZED[key] = cached
     return root
 
 

@@ -5,13 +5,13 @@ what its run wrote; bad candidates and an unprepared project are one line."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
 from helpers import REPO, assert_one_line_error
-from test_init_from import child_of, parent, resolve_and_tokenize  # noqa: F401 (fixture)
 
 from src.nmt import checkpoint
 
@@ -24,9 +24,9 @@ def pilot(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_each_candidate_trains_from_the_parent_with_its_own_recipe(parent, tmp_path):  # noqa: F811
-    project = child_of(tmp_path / "child", str(parent / "models/model.pt"))
-    resolve_and_tokenize(project)
+def test_each_candidate_trains_from_the_parent_with_its_own_recipe(toy_parent, toy_child,
+                                                                  tmp_path):
+    project = shutil.copytree(toy_child, tmp_path / "child")
     out = tmp_path / "pilot"
     result = pilot("--project", str(project), "--out", str(out), "slow=1e-4,5",
                    "fast=3e-3,2,7")
@@ -46,7 +46,7 @@ def test_each_candidate_trains_from_the_parent_with_its_own_recipe(parent, tmp_p
     # both started from the parent and went their own ways; the project trained nothing
     weights = [checkpoint.load(out / name / "models/model.pt")["model"]
                for name in ("slow", "fast")]
-    parent_weights = checkpoint.load(parent / "models/model.pt")["model"]
+    parent_weights = checkpoint.load(toy_parent / "models/model.pt")["model"]
     drift = [sum(float((w[k].float() - v.float()).abs().sum()) for k, v in parent_weights.items())
              for w in weights]
     assert 0 < drift[0] < drift[1]

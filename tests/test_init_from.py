@@ -11,16 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from helpers import (
     TINY_PARAMS,
     assert_one_line_error,
     run_stage,
     scratch_root,
-    set_train_params,
     train_with_failpoint,
 )
-from toy_corpus import toy_tsv
+from toy_projects import child_of, resolve_and_tokenize, set_params
 
 from src.core.errors import PipelineError
 from src.data.subword import load_tokenizers
@@ -29,58 +27,17 @@ from src.training.init_from import check_dims, finetune_recipe, parent_record
 from src.training.validation import validation_loss
 
 pytestmark = pytest.mark.slow
-TRAIN = {"max_tokens": 1000, "warmup_steps": 5, "log_every_steps": 5, "threads": 1,
-         "average_best": 1, "concat_ratio": 0.0, "bidirectional_epochs": 0}
-
-
-def toy_project(root: Path, keep=lambda i: True, **overrides) -> Path:
-    """The toy corpus (the lines `keep` picks) downloaded and split, tiny params."""
-    sections = {**TINY_PARAMS, **overrides}
-    sections["train"] = {**TRAIN, **sections.get("train", {})}
-    root = scratch_root(root, **sections)
-    lines = toy_tsv().splitlines(keepends=True)
-    (root / "toy.tsv").write_text("".join(ln for i, ln in enumerate(lines) if keep(i)),
-                                  encoding="utf-8")
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["download"]["url"] = str(root / "toy.tsv")
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for stage in ("download", "split"):
-        result = run_stage(root, stage)
-        assert result.returncode == 0, result.stderr
-    return root
-
-
-def set_params(root: Path, **sections) -> None:
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    for section, values in sections.items():
-        params[section].update(values)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
-def parent(tmp_path_factory) -> Path:
-    """A tiny model trained on every other toy pair."""
-    root = toy_project(tmp_path_factory.mktemp("parent"), keep=lambda i: i % 2 == 0)
-    assert run_stage(root, "tokenize").returncode == 0
-    set_train_params(root, max_steps=60, epochs=100)
-    result = run_stage(root, "train")
-    assert result.returncode == 0, result.stderr
-    return root
+def parent(toy_parent) -> Path:
+    """A tiny model trained on every other toy pair (built once per run; only read)."""
+    return toy_parent
 
 
-def child_of(tmp: Path, init_from: str, **overrides) -> Path:
-    """All the toy pairs (half of them new), starting from `init_from`."""
-    root = toy_project(tmp, **overrides)
-    set_params(root, train={"init_from": init_from, "max_steps": 40},
-               finetune={"lr": 0.001, "warmup_steps": 5, "epochs": 100,
-                         "bidirectional_epochs": 0})
-    return root
-
-
-def resolve_and_tokenize(root: Path) -> None:
-    for stage in ("parent", "tokenize"):
-        result = run_stage(root, stage)
-        assert result.returncode == 0, result.stderr
+def trainable_child(toy_child: Path, where: Path) -> Path:
+    """A copy of the shared child project (resolved and tokenized) to train in."""
+    return Path(shutil.copytree(toy_child, where))
 
 
 def new_pairs_loss(model_path: Path, root: Path, parent_root: Path) -> float:
@@ -97,9 +54,9 @@ def new_pairs_loss(model_path: Path, root: Path, parent_root: Path) -> float:
     return validation_loss(model, list(sources), list(targets), 1000, torch.device("cpu"))
 
 
-def test_a_fine_tune_learns_the_new_pairs_with_its_parents_tokenizer(parent, tmp_path):
-    root = child_of(tmp_path / "child", str(parent / "models/model.pt"))
-    resolve_and_tokenize(root)
+def test_a_fine_tune_learns_the_new_pairs_with_its_parents_tokenizer(parent, toy_child,
+                                                                      tmp_path):
+    root = trainable_child(toy_child, tmp_path / "child")
     for name in ("source.model", "target.model", "tokenizer.json"):
         assert (root / "models/tokenizer" / name).read_bytes() == \
             (parent / "models/tokenizer" / name).read_bytes()
@@ -273,9 +230,8 @@ def test_a_malformed_registry_uri_is_refused_by_the_params_loader(tmp_path):
                           "write models:/<name>@<alias> or models:/<name>/<version>")
 
 
-def test_a_killed_fine_tune_resumes_bit_for_bit(parent, tmp_path):
-    root = child_of(tmp_path / "child", str(parent / "models/model.pt"))
-    resolve_and_tokenize(root)
+def test_a_killed_fine_tune_resumes_bit_for_bit(toy_child, tmp_path):
+    root = trainable_child(toy_child, tmp_path / "child")
     clean = tmp_path / "clean"
     shutil.copytree(root, clean)
     assert train_with_failpoint(clean).returncode == 0

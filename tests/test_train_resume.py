@@ -314,7 +314,8 @@ def test_corrupt_checkpoint_is_named(tokenized_root, tmp_path):
 def test_same_seed_twice_gives_identical_split_tokenizer_ids_and_model(uninterrupted, tmp_path):
     from datasets import load_from_disk
 
-    again = tokenize_toy(tmp_path / "again", **TINY)
+    # the stages run again, not a copy of the tokenized project the module's tests share
+    again = tokenize_toy(tmp_path / "again", reuse=False, **TINY)
     assert train(again).returncode == 0
     for name in ("split", "tokenized"):
         first, second = (load_from_disk(str(r / "data" / name)) for r in (uninterrupted, again))

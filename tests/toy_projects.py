@@ -1,6 +1,7 @@
 """Toy projects the slow tests share, each built once per pytest run (tests/conftest.py) or by
 a module that needs its own: a tiny Transformer trained in process on the toy corpus, with its
-tokenizer, test and valid splits, and `src.export`'s files."""
+tokenizer, test and valid splits, and `src.export`'s files; a parent trained by the train stage
+and a child project that fine-tunes from it (train.init_from)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from helpers import run_stage, scratch_root
-from toy_corpus import toy_pairs
+import yaml
+from helpers import run_stage, scratch_root, set_train_params
+from toy_corpus import toy_pairs, toy_tsv
 
 from src.data.batching import make_batch
 from src.data.subword import ENCODED_WITH, META, tokenizer_digest, train_spm
@@ -98,4 +100,60 @@ def exported_project(directory: Path, tracking: bool = False,
         (root / rel).write_text(text, encoding="utf-8")
     result = run_stage(root, "export", tracking=tracking)
     assert result.returncode == 0, result.stderr
+    return root
+
+
+# train.* for the fine-tune projects: one thread, the plain corpus, one direction
+FINETUNE_TRAIN = {"max_tokens": 1000, "warmup_steps": 5, "log_every_steps": 5, "threads": 1,
+                  "average_best": 1, "concat_ratio": 0.0, "bidirectional_epochs": 0}
+
+
+def set_params(root: Path, **sections) -> None:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for section, values in sections.items():
+        params[section].update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def toy_project(root: Path, keep=lambda i: True, **overrides) -> Path:
+    """The toy corpus (the lines `keep` picks) downloaded and split, tiny params."""
+    from helpers import TINY_PARAMS
+
+    sections = {**TINY_PARAMS, **overrides}
+    sections["train"] = {**FINETUNE_TRAIN, **sections.get("train", {})}
+    root = scratch_root(root, **sections)
+    lines = toy_tsv().splitlines(keepends=True)
+    (root / "toy.tsv").write_text("".join(ln for i, ln in enumerate(lines) if keep(i)),
+                                  encoding="utf-8")
+    set_params(root, download={"url": str(root / "toy.tsv")})
+    for stage in ("download", "split"):
+        result = run_stage(root, stage)
+        assert result.returncode == 0, result.stderr
+    return root
+
+
+def trained_parent(root: Path) -> Path:
+    """A tiny model trained by the train stage on every other toy pair."""
+    toy_project(root, keep=lambda i: i % 2 == 0)
+    assert run_stage(root, "tokenize").returncode == 0
+    set_train_params(root, max_steps=60, epochs=100)
+    result = run_stage(root, "train")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def child_of(root: Path, init_from: str, **overrides) -> Path:
+    """All the toy pairs (half of them new to the parent), starting from `init_from`."""
+    toy_project(root, **overrides)
+    set_params(root, train={"init_from": init_from, "max_steps": 40},
+               finetune={"lr": 0.001, "warmup_steps": 5, "epochs": 100,
+                         "bidirectional_epochs": 0})
+    return root
+
+
+def resolve_and_tokenize(root: Path) -> Path:
+    """The parent stage resolves train.init_from, then tokenize encodes with its tokenizer."""
+    for stage in ("parent", "tokenize"):
+        result = run_stage(root, stage)
+        assert result.returncode == 0, result.stderr
     return root
