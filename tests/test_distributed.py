@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,18 +89,26 @@ def test_two_ranks_match_one_process_with_accumulation(tokenized_root, two_ranks
     assert '"world_size": 2' in metrics and '"global_batch_tokens": 600' in metrics
 
 
-def test_killed_two_rank_run_resumes_bitwise(tokenized_root, tmp_path):
+@pytest.fixture(scope="module")
+def killed_two_ranks(tokenized_root, tmp_path_factory) -> Path:
+    """A two-rank run with dropout on, rank 0 killed as kill -9 would after its second
+    periodic save (last.pt at step 12); tests resume copies of it."""
+    root = fresh_copy(tokenized_root, tmp_path_factory.mktemp("killed") / "r")
+    set_train_params(root, dropout=0.1)
+    killed = train(root, "after_periodic_save:2", every=6)
+    assert killed.returncode == 1
+    assert "rank 0 of 2 exited with code 137" in killed.stderr
+    assert not (root / "models/model.pt").exists()
+    return root
+
+
+def test_killed_two_rank_run_resumes_bitwise(tokenized_root, killed_two_ranks, tmp_path):
     """With dropout on, so each rank's random stream matters: restoring every rank's RNG state
     from last.pt is what makes the resumed run the uninterrupted one."""
     reference = fresh_copy(tokenized_root, tmp_path / "whole")
     set_train_params(reference, dropout=0.1)
     assert train(reference).returncode == 0
-    root = fresh_copy(tokenized_root, tmp_path / "r")
-    set_train_params(root, dropout=0.1)
-    killed = train(root, "after_periodic_save:2", every=6)  # rank 0 dies as kill -9 would
-    assert killed.returncode == 1
-    assert "rank 0 of 2 exited with code 137" in killed.stderr
-    assert not (root / "models/model.pt").exists()
+    root = Path(shutil.copytree(killed_two_ranks, tmp_path / "r"))
     resumed = train(root)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout and "at step 12" in resumed.stdout
@@ -116,9 +125,8 @@ def test_a_failing_rank_stops_the_run_with_one_line(tokenized_root, tmp_path):
                      "stopped; run it again to resume from the last checkpoint"], result.stderr
 
 
-def test_resume_with_another_world_size_says_what_changes(tokenized_root, two_ranks, tmp_path):
-    root = fresh_copy(tokenized_root, tmp_path / "r")
-    assert train(root, "after_periodic_save:1", every=6).returncode == 1
+def test_resume_with_another_world_size_says_what_changes(killed_two_ranks, tmp_path):
+    root = Path(shutil.copytree(killed_two_ranks, tmp_path / "r"))
     set_train_params(root, nproc_per_node=1)
     result = train(root)
     assert result.returncode == 0, result.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
-from helpers import run_stage, scratch_root, set_train_params
+from helpers import TINY_PARAMS, run_stage, scratch_root, set_train_params
 from toy_corpus import toy_pairs, toy_tsv
 
 from src.data.batching import make_batch
@@ -117,8 +117,6 @@ def set_params(root: Path, **sections) -> None:
 
 def toy_project(root: Path, keep=lambda i: True, **overrides) -> Path:
     """The toy corpus (the lines `keep` picks) downloaded and split, tiny params."""
-    from helpers import TINY_PARAMS
-
     sections = {**TINY_PARAMS, **overrides}
     sections["train"] = {**FINETUNE_TRAIN, **sections.get("train", {})}
     root = scratch_root(root, **sections)
