@@ -29,12 +29,6 @@ from src.training.validation import validation_loss
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def parent(toy_parent) -> Path:
-    """A tiny model trained on every other toy pair (built once per run; only read)."""
-    return toy_parent
-
-
 def trainable_child(toy_child: Path, where: Path) -> Path:
     """A copy of the shared child project (resolved and tokenized) to train in."""
     return Path(shutil.copytree(toy_child, where))
@@ -54,24 +48,25 @@ def new_pairs_loss(model_path: Path, root: Path, parent_root: Path) -> float:
     return validation_loss(model, list(sources), list(targets), 1000, torch.device("cpu"))
 
 
-def test_a_fine_tune_learns_the_new_pairs_with_its_parents_tokenizer(parent, toy_child,
+def test_a_fine_tune_learns_the_new_pairs_with_its_parents_tokenizer(toy_parent, toy_child,
                                                                       tmp_path):
     root = trainable_child(toy_child, tmp_path / "child")
     for name in ("source.model", "target.model", "tokenizer.json"):
         assert (root / "models/tokenizer" / name).read_bytes() == \
-            (parent / "models/tokenizer" / name).read_bytes()
+            (toy_parent / "models/tokenizer" / name).read_bytes()
     record = json.loads((root / "models/parent/parent.json").read_text())
-    assert record["sha256"] and record["init_from"] == str(parent / "models/model.pt")
+    assert record["sha256"] and record["init_from"] == str(toy_parent / "models/model.pt")
     result = run_stage(root, "train")
     assert result.returncode == 0, result.stderr
     assert "train.precision" not in result.stderr
-    before = new_pairs_loss(parent / "models/model.pt", root, parent)
-    after = new_pairs_loss(root / "models/model.pt", root, parent)
+    before = new_pairs_loss(toy_parent / "models/model.pt", root, toy_parent)
+    after = new_pairs_loss(root / "models/model.pt", root, toy_parent)
     assert after < before - 0.1, (before, after)
     # it started from the parent: its first logged loss is the parent's level, not a random
     # model's (ln of the vocabulary, ~4.8 for 120 pieces)
     first = float((root / "models/train_curve.csv").read_text().splitlines()[1].split(",")[1])
-    scratch = float((parent / "models/train_curve.csv").read_text().splitlines()[1].split(",")[1])
+    curve = (toy_parent / "models/train_curve.csv").read_text()
+    scratch = float(curve.splitlines()[1].split(",")[1])
     assert first < scratch - 0.5, (first, scratch)
 
 
@@ -86,8 +81,8 @@ def test_the_finetune_recipe_replaces_the_schedule_only_when_a_parent_is_set():
     assert tuned.max_tokens == cfg.max_tokens and tuned.seed == cfg.seed
 
 
-def test_params_dims_that_disagree_with_the_parent_are_refused_naming_both(parent, tmp_path):
-    root = child_of(tmp_path / "child", str(parent / "models/model.pt"),
+def test_params_dims_that_disagree_with_the_parent_are_refused_naming_both(toy_parent, tmp_path):
+    root = child_of(tmp_path / "child", str(toy_parent / "models/model.pt"),
                     model={**TINY_PARAMS["model"], "ffn_dim": 96})
     resolve_and_tokenize(root)
     assert_one_line_error(run_stage(root, "train"),
@@ -111,17 +106,17 @@ def test_decoder_layers_zero_means_n_layers_on_both_sides():
     ("no tokenizer", "no tokenizer/ beside it"),
     ("other pair", "translates en->zh, params.yaml's pair is en->vi"),
 ])
-def test_a_bad_parent_is_refused_in_one_line_and_nothing_is_written(parent, tmp_path, case,
-                                                                    fragment):
+def test_a_bad_parent_is_refused_in_one_line_and_nothing_is_written(toy_parent, tmp_path,
+                                                                    case, fragment):
     model_pt = tmp_path / "given/model.pt"
     model_pt.parent.mkdir()
     if case == "not ours":
         model_pt.write_bytes(b"not a checkpoint")
-        shutil.copytree(parent / "models/tokenizer", model_pt.parent / "tokenizer")
+        shutil.copytree(toy_parent / "models/tokenizer", model_pt.parent / "tokenizer")
     elif case in {"no tokenizer", "other pair"}:
-        shutil.copy(parent / "models/model.pt", model_pt)
+        shutil.copy(toy_parent / "models/model.pt", model_pt)
         if case == "other pair":
-            shutil.copytree(parent / "models/tokenizer", model_pt.parent / "tokenizer")
+            shutil.copytree(toy_parent / "models/tokenizer", model_pt.parent / "tokenizer")
     root = scratch_root(tmp_path / "child", **TINY_PARAMS)
     set_params(root, train={"init_from": str(model_pt)},
                **({"pair": {"target_lang": "vi"}} if case == "other pair" else {}))
@@ -163,39 +158,39 @@ def register(store: Path, parent: Path, name: str = "nmt-en-zh", alias: str = "c
     return str(version.version)
 
 
-def test_a_registry_alias_resolves_to_the_weights_its_version_was_exported_from(parent,
+def test_a_registry_alias_resolves_to_the_weights_its_version_was_exported_from(toy_parent,
                                                                                 tmp_path):
     store = tmp_path / "mlflow.db"
-    version = register(store, parent)
+    version = register(store, toy_parent)
     root = child_of(tmp_path / "child", "models:/nmt-en-zh@champion")
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
     result = run_stage(root, "parent", env=env)
     assert result.returncode == 0, result.stderr
     assert f"nmt-en-zh version {version}" in result.stdout
     record = json.loads((root / "models/parent/parent.json").read_text())
-    expected = checkpoint.load(parent / "models/model.pt")
+    expected = checkpoint.load(toy_parent / "models/model.pt")
     got = checkpoint.load(root / "models/parent/model.pt")
     assert (record["name"], record["version"]) == ("nmt-en-zh", version)
     assert all(torch.equal(expected["model"][k], got["model"][k]) for k in expected["model"])
     assert load_tokenizers(root / "models/parent/tokenizer").source_vocab == \
-        load_tokenizers(parent / "models/tokenizer").source_vocab
+        load_tokenizers(toy_parent / "models/tokenizer").source_vocab
     # the alias did not move: the same bytes, so DVC sees nothing new downstream
     first = (root / "models/parent/parent.json").read_bytes()
     assert run_stage(root, "parent", env=env).returncode == 0
     assert (root / "models/parent/parent.json").read_bytes() == first
     # it moved (to a new version of the same weights): the record says which
-    register(store, parent)
+    register(store, toy_parent)
     assert run_stage(root, "parent", env=env).returncode == 0
     moved = json.loads((root / "models/parent/parent.json").read_text())
     assert moved["version"] == str(int(version) + 1) and moved["sha256"] == record["sha256"]
 
 
 @pytest.fixture(scope="module")
-def registered_once(parent, tmp_path_factory) -> Path:
+def registered_once(toy_parent, tmp_path_factory) -> Path:
     """A store holding the parent as nmt-en-zh version 1, alias champion, for tests that only
     read it (a new sqlite store is seconds of MLflow's schema migrations)."""
     store = tmp_path_factory.mktemp("registry") / "mlflow.db"
-    register(store, parent)
+    register(store, toy_parent)
     return store
 
 
