@@ -453,12 +453,12 @@ def test_a_fine_tune_from_the_alias_the_pipeline_moves_as_an_experiment_logged_t
         assert record["version"] == "1"
         # every stage that ran has its finished run on the server, in this repro's group
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-        experiment = client.get_experiment_by_name("nmt").experiment_id
-        latest = client.search_runs([experiment], "tags.kind = 'stage'",
+        experiment_id = client.get_experiment_by_name("nmt").experiment_id
+        latest = client.search_runs([experiment_id], "tags.kind = 'stage'",
                                     order_by=["attribute.start_time DESC"], max_results=1)
         group = latest[0].data.tags["repro_id"]
         stages = {r.data.tags["stage"]: r for r in client.search_runs(
-            [experiment], f"tags.kind = 'stage' and tags.repro_id = '{group}'")}
+            [experiment_id], f"tags.kind = 'stage' and tags.repro_id = '{group}'")}
         assert {"tokenize", "train", "evaluate", "export"} <= set(stages) <= ran, stages
         assert all(r.info.status == "FINISHED" for r in stages.values())
         assert "bleu" in stages["evaluate"].data.metrics
