@@ -29,11 +29,6 @@ from src.training.validation import validation_loss
 pytestmark = pytest.mark.slow
 
 
-def trainable_child(toy_child: Path, where: Path) -> Path:
-    """A copy of the shared child project (resolved and tokenized) to train in."""
-    return Path(shutil.copytree(toy_child, where))
-
-
 def new_pairs_loss(model_path: Path, root: Path, parent_root: Path) -> float:
     """Mean token loss of `model_path` on the child's training pairs its parent never saw."""
     from datasets import load_from_disk
@@ -50,7 +45,7 @@ def new_pairs_loss(model_path: Path, root: Path, parent_root: Path) -> float:
 
 def test_a_fine_tune_learns_the_new_pairs_with_its_parents_tokenizer(toy_parent, toy_child,
                                                                       tmp_path):
-    root = trainable_child(toy_child, tmp_path / "child")
+    root = shutil.copytree(toy_child, tmp_path / "child")  # the shared one stays untrained
     for name in ("source.model", "target.model", "tokenizer.json"):
         assert (root / "models/tokenizer" / name).read_bytes() == \
             (toy_parent / "models/tokenizer" / name).read_bytes()
@@ -226,7 +221,7 @@ def test_a_malformed_registry_uri_is_refused_by_the_params_loader(tmp_path):
 
 
 def test_a_killed_fine_tune_resumes_bit_for_bit(toy_child, tmp_path):
-    root = trainable_child(toy_child, tmp_path / "child")
+    root = shutil.copytree(toy_child, tmp_path / "child")  # the shared one stays untrained
     clean = tmp_path / "clean"
     shutil.copytree(root, clean)
     assert train_with_failpoint(clean).returncode == 0
