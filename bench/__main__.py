@@ -4,13 +4,10 @@ measures and the page and file it feeds (read from the source: no tool is import
 from __future__ import annotations
 
 import ast
-import re
 import textwrap
 from pathlib import Path
 
 HERE = Path(__file__).parent
-# docs/x.md, docs/benchmarks/x.json, docs/benchmarks/engines_*.json, docs/experiments.jsonl
-DOC_PATH = re.compile(r"docs/[\w/*.-]*\w")
 
 
 def tools() -> dict[str, str]:

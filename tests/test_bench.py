@@ -18,7 +18,6 @@ from bench import (
     common,
     engines_vs_ctranslate2,
     experiments,
-    ort_kernels,
     paired_significance,
     results_page,
     train_speed_vs_peer,
@@ -560,23 +559,6 @@ def test_engine_benchmark_refuses_to_time_in_a_process_with_torch(tmp_path):
     assert result.stderr.strip() == ("error: refusing to time ctranslate2: torch is loaded in "
                                      "this process (it slows the engines; run each engine in a "
                                      "process of its own)")
-
-
-@pytest.mark.parametrize("beam", [1, 4])
-def test_idle_search_runs_every_step_it_is_given(beam):
-    # benchmark_kernels' `operator` table divides the time between a 4- and a 20-token search by
-    # 16: that holds only if the idle decoder never ends a search early (EOS) and the operator
-    # takes its caches as they grow.
-    import numpy as np
-    import onnxruntime as ort
-
-    kernels = ort_kernels
-    session = ort.InferenceSession(kernels.idle_search(vocab=50), providers=[
-        "CPUExecutionProvider"])
-    for length in (4, 20):
-        (sequences,) = session.run(None, kernels.idle_search_feed(beam, length))
-        assert sequences.shape == (1, 1, length)
-        assert not np.any(sequences[0, 0, 1:] == 3)  # no EOS: the search ran out of length
 
 
 def test_the_train_step_benchmark_switches_one_lever_off_and_back(monkeypatch):

@@ -1,10 +1,9 @@
 """The benchmark tools that run the exported toy project's files (bench/): the engines against
-CTranslate2, the file profile, speed A/B of two files, translation speed, decoding choices."""
+CTranslate2, the file profile, decoding choices."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -130,74 +129,6 @@ def test_profile_script_shares_the_run_out_by_operator(project):
     scored, scored_head = operators("--scores")
     assert "LogSoftmax" in scored and "DynamicQuantizeMatMul" in plain
     assert scored_head.endswith("scores returned") and "scores" not in plain_head
-
-
-def test_compare_files_times_each_file_with_and_without_scores(project):
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.files_speed_ab", str(project / "models"),
-         "--scores", "--split-dir", str(project / "data/tokenized"), "--sentences", "8",
-         "--repeats", "2", "--beams", "1", "--batches", "4", "--precisions", "int8"],
-        capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    (line,) = result.stdout.strip().splitlines()
-    assert f"{project / 'models'}+scores:" in line and "(median of 2 rounds)" in line
-    assert line.endswith("identical to the first: 100.0%")  # scores change no translation
-
-
-def test_compare_files_times_a_file_whole_against_its_batch_cut(project):
-    models = str(project / "models")
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.files_speed_ab", models, models, "--whole-first",
-         "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
-         "--beams", "1", "--batches", "4", "--precisions", "int8"],
-        capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    (line,) = result.stdout.strip().splitlines()
-    assert f"{models}(whole): " in line and f"  {models}: " in line
-    assert line.endswith("identical to the first: 100.0%")  # the cut changes no translation
-
-
-def test_compare_files_times_the_text_twins_as_written(project, tmp_path):
-    """--text times model.text.onnx (the only file in the directory) as it was written."""
-    models = tmp_path / "twin"
-    models.mkdir()
-    (models / "model.text.onnx").symlink_to(project / "models/model.text.onnx")
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.files_speed_ab", str(models), "--text",
-         "--split-dir", str(project / "data/tokenized"), "--sentences", "8", "--repeats", "2",
-         "--beams", "1", "--batches", "4", "--precisions", "fp32", "--scores"],
-        capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    (line,) = result.stdout.strip().splitlines()
-    assert line.startswith("fp32 threads 1 beam as written batch 4: ")
-    assert line.endswith("identical to the first: 100.0%")
-
-
-def test_the_translation_speed_benchmark_times_every_system_on_the_same_sentences(project,
-                                                                               tmp_path):
-    """bench.translation_speed (docs/results.md's speed table) end to end on the tiny model:
-    one row per system x beam x batch, each over the sentences asked for, each system in a
-    process of its own (the ONNX ones refuse to time with torch imported), and the JSON names
-    the model and the CPU."""
-    out = tmp_path / "infer_speed.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.translation_speed",
-         "--model", str(project / "models/model.pt"),
-         "--onnx", str(project / "models/model.onnx"),
-         "--int8", str(project / "models/model.int8.onnx"),
-         "--data", str(project / "data/tokenized"), "--threads", "1", "--beams", "1,2",
-         "--batches", "1,4", "--n", "8", "--n1", "3", "--json", str(out),
-         "--model-note", "the tiny test model"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(out.read_text())
-    assert doc["model"] == "the tiny test model" and f"{os.cpu_count()} cores" in doc["machine"]
-    rows = doc["rows"]
-    assert [(r["system"], r["beam"], r["batch"], r["sentences"]) for r in rows] == [
-        (system, beam, batch, 3 if batch == 1 else 8)
-        for system in ("torch-nocache", "torch-cache", "onnx", "int8")
-        for beam in (1, 2) for batch in (1, 4)]
-    assert "| int8 | 1 | 2 | 4 |" in result.stdout  # the Markdown table results.md quotes
 
 
 def test_the_decoding_choices_search_as_each_row_says_and_leave_params_as_they_were(project,
