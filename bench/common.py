@@ -25,7 +25,7 @@ from src.core.cli import run_cli  # noqa: F401  (every tool's entry point, `comm
 from src.core.errors import PipelineError
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout: where `python -m bench.…` runs
-# The int8 and bf16 instructions ONNX Runtime's kernels may use (a kernel row depends on them).
+# The int8 and bf16 instructions ONNX Runtime's kernels may use (a timing depends on them).
 ISA_FLAGS = ("avx2", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
 
 
