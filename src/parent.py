@@ -50,10 +50,12 @@ def sha256_of(path: Path) -> str:
 def resolve(init_from: str, pair: PairParams, dest: Path) -> dict:
     """Fill `dest` (an empty folder) with the parent's model.pt and tokenizer/; returns the
     record. "" writes nothing and returns {"init_from": ""}."""
-    from src.nmt import checkpoint  # torch: not for tokenize, which reads records only
-
     if not init_from:
         return {"init_from": ""}
+    # torch (seconds to import): only for a parent, so neither the default stage nor
+    # tokenize, which reads records only, pays for it
+    from src.nmt import checkpoint
+
     record: dict = {"init_from": init_from}
     if init_from.startswith("models:/"):
         from src.core import registry

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from src.nmt.model import ModelConfig, Transformer
 from src.training.epochs import out_of_budget
 from src.training.resume import TrainState
 from src.training.selection import EpochSelection
-from src.training.step import lr_factor
+from src.training.step import AdamW, lr_factor
 from src.training.validation import token_loss
 
 
@@ -210,6 +211,49 @@ def test_cosine_schedule_hand_values():
     assert lr_factor(2, cfg, 12) == 1.0
     assert math.isclose(lr_factor(7, cfg, 12), 0.5)  # half way through the decay
     assert math.isclose(lr_factor(12, cfg, 12), 0.0, abs_tol=1e-12)
+
+
+def test_our_adamw_steps_saves_and_resumes_as_torchs_bit_for_bit():
+    torch.manual_seed(0)
+    ours_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5))
+    torch_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5))
+    torch_model.load_state_dict(ours_model.state_dict())
+
+    def make(optimizer, model):
+        groups = [{"params": [model[0].weight], "weight_decay": 0.1},
+                  {"params": [model[0].bias, *model[1].parameters()], "weight_decay": 0.0}]
+        return optimizer(groups, lr=0.01, betas=(0.9, 0.98), eps=1e-9, fused=True)
+
+    ours, theirs = make(AdamW, ours_model), make(torch.optim.AdamW, torch_model)
+    for step in range(4):
+        x = torch.randn(3, 6, generator=torch.Generator().manual_seed(step))
+        for model, optimizer in ((ours_model, ours), (torch_model, theirs)):
+            model(x).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if step == 1:  # resume ours from its own state_dict, as last.pt does
+            saved = ours.state_dict()
+            ours = make(AdamW, ours_model)
+            ours.load_state_dict(saved)
+    for mine, reference in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
+        assert mine.grad is None and torch.equal(mine, reference)
+    assert str(ours.state_dict()) == str(theirs.state_dict())
+
+
+def test_the_optimizer_never_imports_the_compiler():
+    # torch's own AdamW imports torch._dynamo (~1.3 s) on construction and on every step.
+    code = (
+        "import sys, torch\n"
+        "from src.training.step import AdamW\n"
+        "w = torch.nn.Parameter(torch.ones(3))\n"
+        "opt = AdamW([w], lr=0.1, fused=True)\n"
+        "w.sum().backward(); opt.step(); opt.zero_grad(); opt.load_state_dict(opt.state_dict())\n"
+        "assert w.grad is None and w.tolist() != [1.0, 1.0, 1.0]\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_token_loss_ignores_padding():

@@ -5,6 +5,7 @@ scheduler, scaler, step, every rank's RNG)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from contextlib import nullcontext
@@ -51,6 +52,24 @@ class SmoothedLoss(torch.nn.Module):
                           self.rdrop_alpha)[0]
 
 
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW, its arithmetic and state_dict unchanged, without the guards for
+    torch.compile around its methods: each of them imports torch._dynamo on first use, about
+    1.3 s of every train process's start (and the test suite starts ~140), for a compiler the
+    stage never runs. A torch that drops the decorators leaves the methods as they are."""
+
+    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+    _adamw_step = inspect.unwrap(torch.optim.AdamW.step)
+
+    def step(self, closure=None):
+        # What the decorator does, less its two torch._dynamo.graph_break() calls.
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return AdamW._adamw_step(self, closure)
+
+
 class Trainer:
     def __init__(
         self,
@@ -67,8 +86,6 @@ class Trainer:
         self.model, self.cfg, self.device, self.world = model, cfg, device, world
         self.loss = SmoothedLoss(model, cfg.label_smoothing, cfg.rdrop_alpha)
         if world.distributed:
-            import inspect
-
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             # The only buffer (the sinusoidal table) is equal everywhere: sync it at most once.
@@ -80,7 +97,7 @@ class Trainer:
                             else None, **no_resync)
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = AdamW(
             [
                 {"params": decay, "weight_decay": cfg.weight_decay},
                 {"params": no_decay, "weight_decay": 0.0},
