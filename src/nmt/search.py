@@ -122,9 +122,11 @@ def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penal
         # nothing, and -1 is the last dimension whether given or not: pragma: no mutate
         top_scores, top_ids = candidates.topk(2 * beam, dim=-1)  # pragma: no mutate
         src_beam, token = top_ids // vocab, top_ids % vocab
-        next_scores = scores.new_full((batch, beam), NEG_INF)
-        next_beam = src.new_zeros((batch, beam))
-        next_token = src.new_full((batch, beam), EOS)
+        # Filled as lists, made tensors once: a tensor's item assignment costs microseconds,
+        # and a step makes up to 3 x beam of them per row.
+        next_scores = [[NEG_INF] * beam for _ in range(batch)]
+        next_beam = [[0] * beam for _ in range(batch)]
+        next_token = [[EOS] * beam for _ in range(batch)]
         length = step + 1  # generated tokens including this one (EOS counts)
         ts, tb, tt = top_scores.tolist(), src_beam.tolist(), token.tolist()
         for b in range(batch):
@@ -140,7 +142,7 @@ def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penal
                         hyp = history[b * beam + k].tolist()
                         finished[b].append((score / length**length_penalty, hyp))
                     continue
-                next_scores[b, kept], next_beam[b, kept], next_token[b, kept] = score, k, tok
+                next_scores[b][kept], next_beam[b][kept], next_token[b][kept] = score, k, tok
                 kept += 1
                 if kept == beam:
                     break
@@ -148,6 +150,8 @@ def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penal
                 open_rows[b] = False
         if not any(open_rows):
             break
+        next_scores, next_beam = scores.new_tensor(next_scores), src.new_tensor(next_beam)
+        next_token = src.new_tensor(next_token)
         # Reorder caches and histories to follow the surviving beams: index (B*K,)
         flat = (next_beam + row_start).view(-1)
         cache = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in cache]
