@@ -125,7 +125,8 @@ def _beam(model: Transformer, src: Tensor, beam: int, max_len: int, length_penal
         # Filled as lists, made tensors once: a tensor's item assignment costs microseconds,
         # and a step makes up to 3 x beam of them per row.
         next_scores = [[NEG_INF] * beam for _ in range(batch)]
-        next_beam = [[0] * beam for _ in range(batch)]
+        # any beam would do in a closed row's slots (its scores are -inf)
+        next_beam = [[0] * beam for _ in range(batch)]  # pragma: no mutate
         next_token = [[EOS] * beam for _ in range(batch)]
         length = step + 1  # generated tokens including this one (EOS counts)
         ts, tb, tt = top_scores.tolist(), src_beam.tolist(), token.tolist()

@@ -55,8 +55,8 @@ class SmoothedLoss(torch.nn.Module):
 class AdamW(torch.optim.AdamW):
     """torch's AdamW, its arithmetic and state_dict unchanged, without the guards for
     torch.compile around its methods: each of them imports torch._dynamo on first use, about
-    1.3 s of every train process's start (and the test suite starts ~140), for a compiler the
-    stage never runs. A torch that drops the decorators leaves the methods as they are."""
+    1.3 s of every train process's start (the suite starts dozens), for a compiler the stage
+    never runs. A torch that drops the decorators leaves the methods as they are."""
 
     add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
     zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
