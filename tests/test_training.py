@@ -237,7 +237,12 @@ def test_our_adamw_steps_saves_and_resumes_as_torchs_bit_for_bit():
             ours.load_state_dict(saved)
     for mine, reference in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
         assert mine.grad is None and torch.equal(mine, reference)
-    assert str(ours.state_dict()) == str(theirs.state_dict())
+    mine, reference = ours.state_dict(), theirs.state_dict()
+    assert mine["param_groups"] == reference["param_groups"]
+    assert {i: state.keys() for i, state in mine["state"].items()} == {
+        i: state.keys() for i, state in reference["state"].items()}
+    assert all(torch.equal(state[key], reference["state"][i][key])
+               for i, state in mine["state"].items() for key in state)
 
 
 def test_the_optimizer_never_imports_the_compiler():
@@ -251,7 +256,8 @@ def test_the_optimizer_never_imports_the_compiler():
         "assert w.grad is None and w.tolist() != [1.0, 1.0, 1.0]\n"
         "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
