@@ -127,6 +127,20 @@ def run_stage(
     )
 
 
+def stage_imports_torch(root: Path, stage: str, env: dict[str, str] | None = None) -> bool:
+    """Run a stage as `run_stage` does (NMT_ROOT=root, untracked; `env` adds to that), in a
+    process that then says whether anything imported torch (seconds). The stage must succeed."""
+    code = (f"import runpy, sys\nsys.argv = [{stage!r}]\n"
+            f"try:\n    runpy.run_module({stage_module(stage)!r}, run_name='__main__')\n"
+            "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
+            "print('torch' in sys.modules)")
+    env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off", **(env or {})}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()[-1] == "True"
+
+
 def assert_one_line_error(
     result: subprocess.CompletedProcess, fragment: str, code: int = 1
 ) -> None:

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, stage_imports_torch
 from toy_corpus import toy_pairs
 
 from src import parent
@@ -188,16 +185,10 @@ def test_the_default_stage_never_imports_torch(tmp_path):
     """With no train.init_from there is nothing to load: the stage (in every `dvc repro`) must
     not pay the seconds torch takes to import."""
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    code = ("import runpy, sys\nsys.argv = ['parent']\n"
-            "try:\n    runpy.run_module('src.parent', run_name='__main__')\n"
-            "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
-            "print('torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "NMT_ROOT": str(tmp_path)})
-    assert result.returncode == 0, result.stderr
+    imported_torch = stage_imports_torch(tmp_path, "parent")
     assert json.loads((tmp_path / "models/parent" / init_from.RECORD).read_text()) == {
         "init_from": ""}
-    assert result.stdout.splitlines()[-1] == "False"
+    assert not imported_torch
 
 
 def test_a_file_parent_line_has_no_version(tmp_path, spm_model, monkeypatch, capsys):
