@@ -23,7 +23,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
 import typer
 from rich.progress import Progress
 
@@ -42,8 +41,6 @@ from src.core.reports import (
     write_report,
 )
 from src.data.subword import check_encoded_with, load_tokenizers
-from src.nmt import checkpoint
-from src.nmt.search import translate_ids
 from src.runtime import confidence
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -72,7 +69,12 @@ def main(
 ) -> None:
     """Translate the test split and each named test set with beam search (params
     `evaluate.*`) and score each: BLEU and chrF, overall and by source length."""
+    # Imported here, not above: torch takes seconds to import, and `--help` should answer at
+    # once.
+    import torch
     from datasets import load_from_disk
+
+    from src.nmt import checkpoint
 
     cfg = load_params(EvaluateParams)
     for path, stage in (
@@ -137,6 +139,8 @@ def main(
 def translate_and_score(model, part, tok, cfg: EvaluateParams):
     """Beam-search translations of one split and their scores (overall, by length, with
     sacreBLEU's signatures); returns (scores, sources, references, hypotheses)."""
+    from src.nmt.search import translate_ids  # torch: see main
+
     sources, references = list(part["source"]), list(part["target"])
     target_lang = tok.target_lang
     start = time.perf_counter()

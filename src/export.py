@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 import typer
 
 from src.core import paths, registry, tracking
@@ -36,9 +35,6 @@ from src.core.errors import PipelineError, require_file
 from src.core.params import ExportParams, load_params
 from src.core.reports import EXPORT_HEADLINE, write_report
 from src.data.subword import BOS, EOS, PAD, UNK, Tokenizers, check_encoded_with, load_tokenizers
-from src.graph import likelihood_graph, onnx_graph
-from src.graph.verify import write_verified
-from src.nmt import checkpoint
 from src.runtime import contract, sessions
 from src.training.init_from import parent_record, parent_tags
 
@@ -124,7 +120,14 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
          ) -> None:
     """Export model.pt to one model.onnx with the search inside (params `export.*`), verified
     against PyTorch."""
+    # Imported here, not above: torch and the exporter take seconds to import, and `--help`
+    # should answer at once.
+    import torch
     from datasets import disable_progress_bars, load_from_disk
+
+    from src.graph import likelihood_graph, onnx_graph
+    from src.graph.verify import write_verified
+    from src.nmt import checkpoint
 
     disable_progress_bars()
     cfg = load_params(ExportParams)

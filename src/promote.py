@@ -25,7 +25,6 @@ import typer
 from src.core import registry, tracking
 from src.core.cli import run_cli
 from src.core.errors import PipelineError
-from src.runtime.serving import CANDIDATE
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 CHAMPION = "champion"
@@ -101,6 +100,9 @@ def main(
 ) -> None:
     """Point `champion` at `candidate` if it is better on the new test split and at most
     --margin worse on each old test set (or there is no champion)."""
+    # Imported here: serving imports mlflow.pyfunc (seconds), and `--help` should answer at once.
+    from src.runtime.serving import CANDIDATE
+
     client = registry.open_client()
     candidate = version_by_alias(client, name, CANDIDATE)
     if candidate is None:

@@ -9,7 +9,6 @@ import typer
 
 from src.core.atomic import atomic_path
 from src.core.cli import run_cli
-from src.graph.text_twin import wrap_file
 from src.runtime.contract import MAX_BEAM
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -28,6 +27,8 @@ def main(
     """Write a text-in, text-out twin of a generation model, e.g. a greedy one:
     python -m src.text_graph models/model.int8.onnx --beam 1 --output greedy.text.onnx
     (a client may still pass another beam or length penalty: the file's optional inputs)"""
+    from src.graph.text_twin import wrap_file  # onnx: seconds to import, not for --help
+
     with atomic_path(output) as tmp:
         wrap_file(onnx_path, tokenizer or onnx_path.parent / "tokenizer", tmp, beam,
                   length_penalty)
