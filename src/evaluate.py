@@ -69,13 +69,6 @@ def main(
 ) -> None:
     """Translate the test split and each named test set with beam search (params
     `evaluate.*`) and score each: BLEU and chrF, overall and by source length."""
-    # Imported here, not above: torch takes seconds to import, and `--help` should answer at
-    # once.
-    import torch
-    from datasets import load_from_disk
-
-    from src.nmt import checkpoint
-
     cfg = load_params(EvaluateParams)
     for path, stage in (
         (model_path, "train"),
@@ -83,6 +76,13 @@ def main(
         (tokenizer_dir, "tokenize"),
     ):
         require_file(path, stage)
+    # Imported only now: torch takes seconds to import, and `--help` or a missing input should
+    # answer at once.
+    import torch
+    from datasets import load_from_disk
+
+    from src.nmt import checkpoint
+
     torch.set_num_threads(usable_cpus())
     model, _ = checkpoint.load_model(model_path)
     check_encoded_with(split_dir, tokenizer_dir)

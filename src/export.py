@@ -120,8 +120,13 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
          ) -> None:
     """Export model.pt to one model.onnx with the search inside (params `export.*`), verified
     against PyTorch."""
-    # Imported here, not above: torch and the exporter take seconds to import, and `--help`
-    # should answer at once.
+    cfg = load_params(ExportParams)
+    parent = parent_record(parent_dir)
+    for path, stage in ((model_path, "train"), (tokenizer_dir, "tokenize"),
+                        (split_dir, "tokenize")):
+        require_file(path, stage)
+    # Imported only now: torch and the exporter take seconds to import, and `--help` or a
+    # missing input should answer at once.
     import torch
     from datasets import disable_progress_bars, load_from_disk
 
@@ -130,11 +135,6 @@ def main(model_path: Path = typer.Option(paths.MODELS / "model.pt", help="Model 
     from src.nmt import checkpoint
 
     disable_progress_bars()
-    cfg = load_params(ExportParams)
-    parent = parent_record(parent_dir)
-    for path, stage in ((model_path, "train"), (tokenizer_dir, "tokenize"),
-                        (split_dir, "tokenize")):
-        require_file(path, stage)
     torch.set_num_threads(usable_cpus())
     model, _ = checkpoint.load_model(model_path)
     check_encoded_with(split_dir, tokenizer_dir)

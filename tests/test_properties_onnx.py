@@ -17,7 +17,8 @@ from test_properties_invariants import BATCH, padded, shared_model
 from src.data.subword import EOS, PAD
 from src.nmt.search import beam_search, greedy_search
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+# one_thread: tests/conftest.py; slow: every test reads a model exported for the module (seconds)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 

@@ -13,6 +13,8 @@ import torch
 from src.graph import onnx_graph, row_norm
 from src.nmt.model import ModelConfig, Transformer
 
+pytestmark = pytest.mark.slow  # each test reads a toy decoder exported to ONNX (seconds each)
+
 
 def toy(pre_norm: bool) -> Transformer:
     torch.manual_seed(0)
