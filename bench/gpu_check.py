@@ -20,6 +20,7 @@ import typer
 from bench import common, serving_load
 from bench.common import REPO, test_split
 from src.core import failpoints, local_servers, paths
+from src.core.errors import require_file
 from src.core.metrics import bleu
 from src.core.params import ExportParams, ModelParams, TrainParams, load_params
 from src.data.subword import load_tokenizers
@@ -178,11 +179,12 @@ TABLE_ENGINES = ("model.onnx", "model.fp16.onnx", "pytorch")
 def cell(spec: dict) -> dict:
     """One cell of the batch table in this process (`table_rows` starts it): sentences/s on the
     first `n` test sentences in length-sorted batches of `batch`, after one warm-up batch."""
+    root, device, engine, batch, beam = (Path(spec["root"]), spec["device"], spec["engine"],
+                                         spec["batch"], spec["beam"])
+    require_file(root / "models/model.pt", "train")  # before seconds of importing torch
     from src.graph import verify
     from src.nmt import checkpoint
 
-    root, device, engine, batch, beam = (Path(spec["root"]), spec["device"], spec["engine"],
-                                         spec["batch"], spec["beam"])
     model, _ = checkpoint.load_model(root / "models/model.pt")
     test = test_split(root / "data/tokenized")
     sources, texts = list(test["source_ids"])[: spec["n"]], list(test["source"])[: spec["n"]]
