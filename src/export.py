@@ -72,8 +72,6 @@ def log_run(run, result: dict, files: dict[str, Path | None], tokenizer_dir: Pat
     The run also keeps what a later run needs to start from this version (train.init_from):
     model.pt and the tokenizer under `weights/`; evaluate's scores as `eval.*` metrics, which
     `src.promote` compares; and the version names the version it was trained from."""
-    from src.runtime import serving
-
     numeric = {k: v for k, v in result.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     numeric |= {f"eval.{k}": v for k, v in tracking.flatten(evaluated).items()
@@ -83,8 +81,16 @@ def log_run(run, result: dict, files: dict[str, Path | None], tokenizer_dir: Pat
     run.log_artifact(model_path, registry.WEIGHTS_ARTIFACT)
     run.log_artifacts(tokenizer_dir, f"{registry.WEIGHTS_ARTIFACT}/tokenizer")
     name = f"nmt-{tok.source_lang}-{tok.target_lang}"
-    version = run.log_model(lambda: serving.log_model(files["fp32"], files["int8"],
-                                                      tokenizer_dir, name, files["fp16"]))
+
+    def log_model() -> str:
+        # Imported only where a run logs: serving imports mlflow.pyfunc (seconds), which an
+        # export with tracking off never needs.
+        from src.runtime import serving
+
+        return serving.log_model(files["fp32"], files["int8"], tokenizer_dir, name,
+                                 files["fp16"])
+
+    version = run.log_model(log_model)
     if version is not None and parent:
         tags = parent_tags(parent)
         of = (f"{parent['name']} version {parent['version']}" if "version" in parent
