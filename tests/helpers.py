@@ -94,6 +94,12 @@ def stage_module(stage: str) -> str:
     return stages[stage]["cmd"].split()[2] if stage in stages else f"src.{stage}"
 
 
+def python_snippet(code: str) -> subprocess.CompletedProcess:
+    """`python -c code` from the repository root (src/ importable), its output as text."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
 def clean_environ() -> dict[str, str]:
     """This process's environment without MLflow's store URIs: `mlflow.set_tracking_uri` in
     one test exports MLFLOW_TRACKING_URI, and a stage run by a later test would then log to

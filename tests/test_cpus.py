@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import python_snippet
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity masks here")
@@ -19,7 +15,6 @@ def test_thread_pools_are_sized_by_the_cpus_the_process_may_use():
     probe = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
              "from src.core.cpus import usable_cpus; from src.runtime import sessions; "
              "print(usable_cpus(), sessions.DEFAULT_THREADS)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = python_snippet(probe)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "1"]

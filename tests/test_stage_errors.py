@@ -305,17 +305,13 @@ def test_every_command_exits_without_the_last_garbage_collection():
     """CPython's last pass of the garbage collector over every object took about a second of
     each command's exit (torch, MLflow and datasets loaded): src.core.cli freezes what is left
     once the exit hooks registered after it (MLflow's) are done, so that pass skips it."""
-    import subprocess
-    import sys
-
-    from helpers import REPO
+    from helpers import python_snippet
 
     code = ("import atexit, gc\n"
             "atexit.register(lambda: print('frozen after:', gc.get_freeze_count() > 0))\n"
             "from src.core import cli\n"
             "atexit.register(lambda: print('frozen before:', gc.get_freeze_count() > 0))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
+    result = python_snippet(code)
     assert result.returncode == 0, result.stderr
     # exit hooks run last registered first: the later hook (MLflow's place) sees nothing frozen
     assert result.stdout.splitlines() == ["frozen before: False", "frozen after: True"]
