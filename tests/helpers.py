@@ -133,18 +133,32 @@ def run_stage(
     )
 
 
+def run_module_imports(module: str, args: list[str], watched: tuple[str, ...],
+                       env: dict[str, str] | None = None
+                       ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`python -m module *args` (its exit code, its output) in a process that then says which
+    of the `watched` modules anything imported: (the run, its stdout without that last line;
+    those imported)."""
+    code = ("import runpy, sys\nsys.argv = sys.argv[1:]\ncode = 0\n"
+            "try:\n    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as exit:\n    code = exit.code\n"
+            f"print('imported:', *[m for m in {watched!r} if m in sys.modules])\n"
+            "sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, module, *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    lines = result.stdout.splitlines()
+    imported = lines.pop().split()[1:] if lines and lines[-1].startswith("imported:") else []
+    result.stdout = "".join(f"{line}\n" for line in lines)
+    return result, imported
+
+
 def stage_imports_torch(root: Path, stage: str, env: dict[str, str] | None = None) -> bool:
     """Run a stage as `run_stage` does (NMT_ROOT=root, untracked; `env` adds to that), in a
     process that then says whether anything imported torch (seconds). The stage must succeed."""
-    code = (f"import runpy, sys\nsys.argv = [{stage!r}]\n"
-            f"try:\n    runpy.run_module({stage_module(stage)!r}, run_name='__main__')\n"
-            "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
-            "print('torch' in sys.modules)")
     env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off", **(env or {})}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result, imported = run_module_imports(stage_module(stage), [], ("torch",), env)
     assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()[-1] == "True"
+    return "torch" in imported
 
 
 def assert_one_line_error(
