@@ -1,4 +1,4 @@
-"""The README's smoke run, verbatim, on the real cmn-eng corpus: a tiny model trained for 40
+"""The README's smoke run, verbatim, on the real cmn-eng corpus: a tiny model trained for 200
 steps goes through all six stages with the default gates, and every file export writes
 translates with `src.infer`. A short run used to fail at export (its int8 file agreed with
 model.onnx on 63.8% of sentences, both at BLEU 0.0)."""
