@@ -47,8 +47,7 @@ def evaluate(root: Path, split: str, model: str, out: Path) -> dict:
 
 
 def run_row(root: Path, name: str, out: Path) -> dict:
-    """Both splits of one row, with its search settings written into params.yaml for the
-    time it runs."""
+    """Both splits of one row, its search settings in params.yaml while it runs."""
     what, beam, length_penalty, model = ROWS[name]
     out.mkdir()
     params = root / "params.yaml"

@@ -19,8 +19,7 @@ import typer
 
 from bench import common, serving_load
 from bench.common import REPO, test_split
-from src.core import failpoints, local_servers, paths
-from src.core.errors import require_file
+from src.core import errors, failpoints, local_servers, paths
 from src.core.metrics import bleu
 from src.core.params import ExportParams, ModelParams, TrainParams, load_params
 from src.data.subword import load_tokenizers
@@ -181,7 +180,7 @@ def cell(spec: dict) -> dict:
     first `n` test sentences in length-sorted batches of `batch`, after one warm-up batch."""
     root, device, engine, batch, beam = (Path(spec["root"]), spec["device"], spec["engine"],
                                          spec["batch"], spec["beam"])
-    require_file(root / "models/model.pt", "train")  # before seconds of importing torch
+    errors.require_file(root / "models/model.pt", "train")  # before seconds of importing torch
     from src.graph import verify
     from src.nmt import checkpoint
 
