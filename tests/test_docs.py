@@ -1,7 +1,7 @@
 """docs/benchmarks/ holds what the pages cite, and only that: every file there is named in full
 by the README or a page of docs/ (a pattern such as `_s<N>` names nothing), and every file a
-page names is there. The pages and the README keep to their line budgets: a page says what is true today, and
-history lives in git (shared STYLE.md, "Docs that users read")."""
+page names is there. The pages and the README keep to their line budgets: a page says what is
+true today, and history lives in git (shared STYLE.md, "Docs that users read")."""
 
 from __future__ import annotations
 
