@@ -1,5 +1,5 @@
 """The small tools of bench/ that docs name for a number: mutation_score (docs/testing.md), on
-hand-made inputs; `python -m bench` lists every tool, and the package keeps to its line budget."""
+hand-made inputs; `python -m bench` lists every tool; the package keeps to its line budget."""
 
 from __future__ import annotations
 
@@ -85,7 +85,6 @@ def test_python_m_bench_lists_every_tool_with_a_page_and_files_that_exist():
         assert f"\n{name}\n" in listing()
 
 
-
 # The benchmark package's size, as `wc -l bench/*.py` counts it: the tools share bench/common.py
 # instead of each growing its own copy of a helper.
 TOOLING_LINE_BUDGET = 3300
@@ -95,6 +94,7 @@ def test_the_benchmark_tools_keep_to_their_line_budget():
     lines = {path.name: len(path.read_text(encoding="utf-8").splitlines())
              for path in (REPO / "bench").glob("*.py")}
     assert sum(lines.values()) <= TOOLING_LINE_BUDGET, sorted(lines.items(), key=lambda kv: -kv[1])
+
 
 def test_the_web_table_is_what_the_tool_writes_from_its_file():
     from bench.web_page_speed import MARKER, table
