@@ -94,10 +94,10 @@ def stage_module(stage: str) -> str:
     return stages[stage]["cmd"].split()[2] if stage in stages else f"src.{stage}"
 
 
-def python_snippet(code: str) -> subprocess.CompletedProcess:
+def python_snippet(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`python -c code` from the repository root (src/ importable), its output as text."""
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=timeout)
 
 
 def clean_environ() -> dict[str, str]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import python_snippet
 
 from src.core.errors import PipelineError
 from src.training import host_memory
@@ -133,7 +134,6 @@ def test_the_train_stage_chooses_its_allocator_before_importing_torch():
     """The restart onto tcmalloc replaces the process: whatever src.train imported before it
     is imported again, and torch alone takes about 1.5 s of each train stage's start."""
     probe = "import sys, src.train; print(sorted({'torch', 'mlflow'} & set(sys.modules)))"
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = python_snippet(probe)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from helpers import REPO, assert_one_line_error, run_stage
+from helpers import REPO, assert_one_line_error, python_snippet, run_stage
 from onnx_checks import infer
 from toy_corpus import toy_pairs
 from toy_projects import write_tokenizer
@@ -123,8 +123,8 @@ def test_infer_cuda_without_gpu_is_a_clear_error(project):
 def test_infer_imports_neither_torch_nor_training_code():
     code = ("import sys, src.infer; heavy = {'torch', 'onnx', 'datasets', 'src.nmt.model', "
             "'src.nmt.search', 'src.graph.onnx_graph'} & set(sys.modules); print(sorted(heavy))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, check=True)
+    result = python_snippet(code)
+    assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 

@@ -288,16 +288,13 @@ def test_a_deferred_stop_outside_the_cli_still_ends_the_process():
     """Code that uses the tracking helpers without run_cli (SIGTERM at its default action)
     must still die of a SIGTERM held during an MLflow call, not carry on as if none came."""
     import signal
-    import subprocess
-    import sys
 
-    from helpers import REPO
+    from helpers import python_snippet
 
     code = ("import os, signal\nfrom src.core import cli\nwith cli.stops_deferred():\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n    print('held', flush=True)\n"
             "print('went on')\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
+    result = python_snippet(code, timeout=60)
     assert result.returncode == -signal.SIGTERM and result.stdout == "held\n", result
 
 
