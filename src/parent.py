@@ -52,10 +52,6 @@ def resolve(init_from: str, pair: PairParams, dest: Path) -> dict:
     record. "" writes nothing and returns {"init_from": ""}."""
     if not init_from:
         return {"init_from": ""}
-    # torch (seconds to import): only for a parent, so neither the default stage nor
-    # tokenize, which reads records only, pays for it
-    from src.nmt import checkpoint
-
     record: dict = {"init_from": init_from}
     if init_from.startswith("models:/"):
         from src.core import registry
@@ -75,6 +71,10 @@ def resolve(init_from: str, pair: PairParams, dest: Path) -> dict:
         if not model_pt.is_file():
             raise PipelineError(f"train.init_from {init_from}: no such file")
         copy_parent(model_pt, model_pt.parent / "tokenizer", init_from, dest)
+    # torch (seconds to import) only once a parent is found: neither the default stage, nor
+    # tokenize (it reads records only), nor a name the registry or the disk lacks waits for it
+    from src.nmt import checkpoint
+
     tok = load_tokenizers(dest / "tokenizer")
     if (tok.source_lang, tok.target_lang) != (pair.source_lang, pair.target_lang):
         raise PipelineError(

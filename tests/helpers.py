@@ -152,13 +152,20 @@ def run_module_imports(module: str, args: list[str], watched: tuple[str, ...],
     return result, imported
 
 
-def stage_imports_torch(root: Path, stage: str, env: dict[str, str] | None = None) -> bool:
+def stage_run_importing_torch(root: Path, stage: str, env: dict[str, str] | None = None
+                              ) -> tuple[subprocess.CompletedProcess, bool]:
     """Run a stage as `run_stage` does (NMT_ROOT=root, untracked; `env` adds to that), in a
-    process that then says whether anything imported torch (seconds). The stage must succeed."""
+    process that then says whether anything imported torch (seconds): (the run, whether)."""
     env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off", **(env or {})}
     result, imported = run_module_imports(stage_module(stage), [], ("torch",), env)
+    return result, "torch" in imported
+
+
+def stage_imports_torch(root: Path, stage: str, env: dict[str, str] | None = None) -> bool:
+    """`stage_run_importing_torch` of a stage that must succeed: whether it imported torch."""
+    result, imported_torch = stage_run_importing_torch(root, stage, env)
     assert result.returncode == 0, result.stderr
-    return "torch" in imported
+    return imported_torch
 
 
 def assert_one_line_error(

@@ -13,7 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import REPO, stage_imports_torch
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    scratch_root,
+    stage_imports_torch,
+    stage_run_importing_torch,
+)
 from toy_corpus import toy_pairs
 
 from src import parent
@@ -188,6 +194,14 @@ def test_the_default_stage_never_imports_torch(tmp_path):
     imported_torch = stage_imports_torch(tmp_path, "parent")
     assert json.loads((tmp_path / "models/parent" / init_from.RECORD).read_text()) == {
         "init_from": ""}
+    assert not imported_torch
+
+
+def test_a_parent_the_disk_lacks_is_refused_before_torch_is_imported(tmp_path):
+    """A mistyped train.init_from answers at once, not after the seconds torch takes."""
+    root = scratch_root(tmp_path, train={"init_from": str(tmp_path / "nowhere/model.pt")})
+    result, imported_torch = stage_run_importing_torch(root, "parent")
+    assert_one_line_error(result, "no such file")
     assert not imported_torch
 
 
