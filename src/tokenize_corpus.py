@@ -55,12 +55,14 @@ def main(
 ) -> None:
     """Train SentencePiece on the train split (params `tokenize.*`, languages from `pair.*`) and
     encode all splits."""
-    from datasets import DatasetDict, disable_progress_bars, load_from_disk
-
-    disable_progress_bars()
     pair = load_params(PairParams)
     cfg = load_params(TokenizeParams)
     require_file(split_dir, "split")
+    # Imported only now: datasets takes a second to import, and a missing input should answer
+    # at once.
+    from datasets import DatasetDict, disable_progress_bars, load_from_disk
+
+    disable_progress_bars()
     parent = parent_record(parent_dir)
     num_proc = cfg.num_proc or usable_cpus()
     params = {"pair": pair.model_dump(), "tokenize": cfg.model_dump()}

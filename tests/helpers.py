@@ -152,20 +152,20 @@ def run_module_imports(module: str, args: list[str], watched: tuple[str, ...],
     return result, imported
 
 
-def stage_run_importing_torch(root: Path, stage: str, env: dict[str, str] | None = None
-                              ) -> tuple[subprocess.CompletedProcess, bool]:
+def run_stage_watching(root: Path, stage: str, watched: tuple[str, ...],
+                       env: dict[str, str] | None = None
+                       ) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run a stage as `run_stage` does (NMT_ROOT=root, untracked; `env` adds to that), in a
-    process that then says whether anything imported torch (seconds): (the run, whether)."""
+    process that then says which of the `watched` modules it imported: (the run, those)."""
     env = {**clean_environ(), "NMT_ROOT": str(root), "NMT_TRACKING": "off", **(env or {})}
-    result, imported = run_module_imports(stage_module(stage), [], ("torch",), env)
-    return result, "torch" in imported
+    return run_module_imports(stage_module(stage), [], watched, env)
 
 
 def stage_imports_torch(root: Path, stage: str, env: dict[str, str] | None = None) -> bool:
-    """`stage_run_importing_torch` of a stage that must succeed: whether it imported torch."""
-    result, imported_torch = stage_run_importing_torch(root, stage, env)
+    """Whether a stage that must succeed imported torch (seconds), run as `run_stage` does."""
+    result, imported = run_stage_watching(root, stage, ("torch",), env)
     assert result.returncode == 0, result.stderr
-    return imported_torch
+    return "torch" in imported
 
 
 def assert_one_line_error(

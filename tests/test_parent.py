@@ -16,9 +16,9 @@ import torch
 from helpers import (
     REPO,
     assert_one_line_error,
+    run_stage_watching,
     scratch_root,
     stage_imports_torch,
-    stage_run_importing_torch,
 )
 from toy_corpus import toy_pairs
 
@@ -200,9 +200,9 @@ def test_the_default_stage_never_imports_torch(tmp_path):
 def test_a_parent_the_disk_lacks_is_refused_before_torch_is_imported(tmp_path):
     """A mistyped train.init_from answers at once, not after the seconds torch takes."""
     root = scratch_root(tmp_path, train={"init_from": str(tmp_path / "nowhere/model.pt")})
-    result, imported_torch = stage_run_importing_torch(root, "parent")
+    result, imported = run_stage_watching(root, "parent", ("torch",))
     assert_one_line_error(result, "no such file")
-    assert not imported_torch
+    assert imported == []
 
 
 def test_a_file_parent_line_has_no_version(tmp_path, spm_model, monkeypatch, capsys):

@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import REPO, assert_one_line_error, run_stage, scratch_root, stage_module
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    run_stage,
+    run_stage_watching,
+    scratch_root,
+    stage_module,
+)
 
 
 def test_corpus_with_no_valid_line(tmp_path):
@@ -24,11 +31,15 @@ def test_corpus_with_no_valid_line(tmp_path):
         ("tokenize", "data/split"),
         ("train", "data/tokenized"),
         ("evaluate", "models/model.pt"),
+        ("export", "models/model.pt"),
     ],
 )
-def test_missing_upstream_output(tmp_path, stage, missing):
-    result = run_stage(scratch_root(tmp_path), stage)
+def test_missing_upstream_output_is_said_before_the_heavy_imports(tmp_path, stage, missing):
+    """At once: torch, datasets and MLflow each take a second or more to import."""
+    result, imported = run_stage_watching(scratch_root(tmp_path), stage,
+                                          ("torch", "datasets", "mlflow"))
     assert_one_line_error(result, missing)
+    assert imported == []
 
 
 def test_corrupt_model_for_evaluate(tmp_path):
